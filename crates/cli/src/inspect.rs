@@ -1,0 +1,160 @@
+//! `edgefreeze inspect`: the layer and cut table of a model.
+
+use anyhow::{Context, Result};
+use edgefreeze_graph::ir::format_shape;
+use edgefreeze_graph::{Analysis, Model, analyse, import};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Arguments of `edgefreeze inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// The ONNX model to inspect.
+    pub model: PathBuf,
+    /// Print JSON for programs instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `inspect`.
+pub fn run(args: &InspectArgs) -> Result<()> {
+    let model = import(&args.model)?;
+    let analysis = analyse(&model).with_context(|| format!("analysing {}", args.model.display()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = Report { model: args.model.display().to_string(), opset: model.opset(), analysis: &analysis };
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write_table(&mut out, &args.model, &model, &analysis)?;
+    }
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    model: String,
+    opset: i64,
+    #[serde(flatten)]
+    analysis: &'a Analysis,
+}
+
+fn write_table(out: &mut impl Write, path: &std::path::Path, model: &Model, a: &Analysis) -> Result<()> {
+    let graph = &model.graph;
+    writeln!(
+        out,
+        "{}: opset {}, {} nodes, {} layers, {} cuts",
+        path.display(),
+        model.opset(),
+        graph.nodes.len(),
+        a.layers.len(),
+        a.cuts.len()
+    )?;
+    for input in &graph.inputs {
+        let shape = input.shape.as_deref().map(format_shape).unwrap_or_else(|| "?".into());
+        let dtype = input.dtype.map(|d| d.to_string()).unwrap_or_else(|| "?".into());
+        writeln!(out, "input  {} {dtype} {shape}", input.name)?;
+    }
+    writeln!(out)?;
+    let rows: Vec<[String; 7]> = a
+        .layers
+        .iter()
+        .map(|l| {
+            let cut = a
+                .cuts
+                .iter()
+                .find(|c| c.after_layer == l.index)
+                .map(|c| format!("✂ {}", human_bytes(c.bytes_per_sample)))
+                .unwrap_or_default();
+            [
+                l.index.to_string(),
+                l.name.clone(),
+                l.op_types.join(","),
+                group_digits(l.parameters as u64),
+                human_count(l.flops),
+                format_shape(&l.output_shape),
+                cut,
+            ]
+        })
+        .collect();
+    let header = ["#", "layer", "ops", "params", "FLOPs", "output", "cut after (bytes/sample)"];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    // Long op lists are cut so the table stays readable; --json has them all.
+    widths[2] = widths[2].min(40);
+    let line = |out: &mut dyn Write, cells: &[String]| -> std::io::Result<()> {
+        let mut text = String::new();
+        for (k, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            let cell = truncate(cell, *w);
+            let pad = w - cell.chars().count();
+            if matches!(k, 0 | 3 | 4) {
+                text.push_str(&" ".repeat(pad));
+                text.push_str(&cell);
+            } else {
+                text.push_str(&cell);
+                text.push_str(&" ".repeat(pad));
+            }
+            text.push_str("  ");
+        }
+        writeln!(out, "{}", text.trim_end())
+    };
+    line(out, &header.map(String::from))?;
+    line(out, &widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>())?;
+    for row in &rows {
+        line(out, row)?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "total: {} parameters ({} buffer elements), {} FLOPs per sample, {} layers, {} valid cuts",
+        group_digits(a.total_parameters as u64),
+        group_digits(a.total_buffers as u64),
+        human_count(a.total_flops),
+        a.layers.len(),
+        a.cuts.len()
+    )?;
+    Ok(())
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn human_count(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1}K", n as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        _ => format!("{:.2}G", n as f64 / 1e9),
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
+    }
+}

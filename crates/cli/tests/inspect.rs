@@ -1,0 +1,49 @@
+//! `edgefreeze inspect` as a user runs it.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name)
+}
+
+fn edgefreeze(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgefreeze")).args(args).output().expect("the binary runs")
+}
+
+#[test]
+fn table_lists_layers_cuts_and_totals() {
+    let path = model("resnet20_28.onnx");
+    let out = edgefreeze(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("12 layers, 11 cuts"), "{text}");
+    assert!(text.contains("layer2.0") && text.contains("batch×32×14×14"), "{text}");
+    assert!(text.contains("✂ 24.5 KiB"), "the cut after a 32×14×14 f32 block: {text}");
+    assert!(text.lines().last().unwrap().starts_with("total: 272,186 parameters (1,568 buffer elements)"), "{text}");
+}
+
+#[test]
+fn json_output_is_machine_readable() {
+    let path = model("transformer_text.onnx");
+    let out = edgefreeze(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["total_parameters"], 333_442);
+    assert_eq!(json["layers"].as_array().unwrap().len(), 8);
+    assert_eq!(json["cuts"].as_array().unwrap().len(), 7);
+    assert_eq!(json["layers"][0]["name"], "tok_emb");
+    assert_eq!(json["cuts"][0]["shape"], serde_json::json!(["batch", 64, 64]));
+    assert_eq!(json["cuts"][0]["bytes_per_sample"], 64 * 64 * 4);
+}
+
+#[test]
+fn bad_file_fails_with_a_message_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.onnx");
+    std::fs::write(&path, b"\x0a\xff\xff\xff").unwrap();
+    let out = edgefreeze(&["inspect", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: ") && err.contains("broken.onnx") && !err.contains("panicked"), "{err}");
+}
