@@ -1,5 +1,6 @@
 //! `edgefreeze`: the command-line front end.
 
+mod convert;
 mod inspect;
 
 use anyhow::Result;
@@ -18,12 +19,15 @@ struct Cli {
 enum Command {
     /// Show a model's layers, parameters, FLOPs and valid cut points.
     Inspect(inspect::InspectArgs),
+    /// Turn an inference model into training-step, eval and gradient graphs.
+    Convert(convert::ConvertArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Convert(args) => convert::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

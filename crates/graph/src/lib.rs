@@ -15,9 +15,11 @@ pub mod infer;
 pub mod ir;
 pub mod load;
 pub mod ops;
+pub mod optimize;
 pub mod save;
 pub mod sort;
 pub mod tensor;
+pub mod untie;
 
 pub use analysis::{Analysis, Cut, Layer, analyse};
 pub use dtype::DataType;
@@ -44,6 +46,7 @@ pub fn prepare(mut model: Model) -> Result<Model> {
     ops::check_opset(&model.opset_imports)?;
     sort::sort_topologically(&mut model.graph)?;
     ops::check_supported(&model.graph)?;
+    untie::untie_identity_initializers(&mut model.graph);
     fold::fold_constants(&mut model)?;
     record_types(&mut model)?;
     Ok(model)

@@ -207,3 +207,30 @@ fn unsorted_graph_is_sorted_on_import() {
     let names: Vec<&str> = m.graph.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["first", "second"]);
 }
+
+#[test]
+fn exporter_tied_initializers_are_untied_on_import() {
+    // TorchScript writes a second zero-valued parameter as Identity(first one).
+    let mut m = model(
+        17,
+        vec![input("x", "batch 2 3 3")],
+        vec![
+            Node::new("tie", "Identity", &["bn.bias"], &["bn.running_mean"]),
+            Node::new(
+                "bn",
+                "BatchNormalization",
+                &["x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                &["y"],
+            ),
+        ],
+        &["y"],
+    );
+    for name in ["bn.weight", "bn.bias", "bn.running_var"] {
+        weight(&mut m, name, &[2]);
+    }
+    let m = prepare(m).unwrap();
+    assert!(m.graph.nodes.iter().all(|n| n.op_type != "Identity"));
+    assert_eq!(m.graph.initializers["bn.running_mean"], m.graph.initializers["bn.bias"]);
+    let params = edgefreeze_graph::analysis::parameter_names(&m.graph);
+    assert_eq!(params, ["bn.weight", "bn.bias"]);
+}

@@ -13,6 +13,37 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
             let t = constant_value(cx)?;
             (t.dtype(), fixed_shape(t.dims()))
         }
+        "Size" => {
+            cx.rank(0)?;
+            (DataType::Int64, vec![])
+        }
+        "Pad" => {
+            let (dtype, x) = cx.input(0)?;
+            let pads = cx.const_ints(1)?.ok_or_else(|| cx.err("pads are required"))?;
+            let axes = match cx.const_ints(3)? {
+                Some(a) => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
+                None => (0..x.len()).collect(),
+            };
+            if pads.len() != 2 * axes.len() {
+                return Err(cx.err(format!("pads {pads:?} do not fit {} axes", axes.len())));
+            }
+            let mut out = x.clone();
+            for (k, &axis) in axes.iter().enumerate() {
+                let (begin, end) = (pads[k], pads[k + axes.len()]);
+                out[axis] = match x[axis].fixed() {
+                    Some(n) => {
+                        let size = n as i64 + begin + end;
+                        if size < 0 {
+                            return Err(cx.err(format!("pads {pads:?} remove more than axis {axis} has")));
+                        }
+                        Dim::Fixed(size as usize)
+                    }
+                    None if begin == 0 && end == 0 => x[axis].clone(),
+                    None => Dim::Unknown,
+                };
+            }
+            (dtype, out)
+        }
         "Shape" => {
             let rank = cx.rank(0)?;
             let (start, end) = shape_range(cx, rank)?;

@@ -133,6 +133,37 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
             out.extend(std::iter::repeat_n(Dim::Fixed(1), spatial.len()));
             Ok(vec![(dtype, out)])
         }
+        "ConvTranspose" => {
+            let (_, w) = cx.input(1)?;
+            if w.len() != x.len() {
+                return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
+            }
+            let group = node.attr_int("group", 1)?.max(1) as usize;
+            let window = Window::from_node(node, spatial, Some(&w[2..]))?;
+            let output_padding =
+                node.attr_ints("output_padding")?.map(|p| p.to_vec()).unwrap_or(vec![0; spatial.len()]);
+            if output_padding.len() != spatial.len() || output_padding.iter().any(|&p| !(0..1 << 20).contains(&p)) {
+                return Err(cx.err(format!("output_padding {output_padding:?} does not fit the input")));
+            }
+            let mut out = vec![x[0].clone(), w[1].fixed().map_or(Dim::Unknown, |c| Dim::Fixed(c * group))];
+            for (axis, d) in spatial.iter().enumerate() {
+                out.push(match d.fixed() {
+                    Some(n) if n > 0 => {
+                        let full = window.strides[axis] * (n - 1)
+                            + output_padding[axis] as usize
+                            + (window.kernel[axis] - 1) * window.dilations[axis]
+                            + 1;
+                        let pads = window.pads_begin[axis] + window.pads_end[axis];
+                        if full < pads {
+                            return Err(cx.err("the padding is larger than the output"));
+                        }
+                        Dim::Fixed(full - pads)
+                    }
+                    _ => Dim::Unknown,
+                });
+            }
+            Ok(vec![(dtype, out)])
+        }
         "Conv" => {
             let (_, w) = cx.input(1)?;
             if w.len() != x.len() {

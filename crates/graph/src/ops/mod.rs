@@ -75,6 +75,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Relu", 1..=1, 1..=1, Unary),
     spec!("Sigmoid", 1..=1, 1..=1, Unary),
     spec!("Softmax", 1..=1, 1..=1, Unary),
+    spec!("Sign", 1..=1, 1..=1, Unary),
     spec!("Softplus", 1..=1, 1..=1, Unary),
     spec!("Sqrt", 1..=1, 1..=1, Unary),
     spec!("Tanh", 1..=1, 1..=1, Unary),
@@ -86,6 +87,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Less", 2..=2, 1..=1, Broadcast),
     spec!("Max", 1..=usize::MAX, 1..=1, Broadcast),
     spec!("Min", 1..=usize::MAX, 1..=1, Broadcast),
+    spec!("Mod", 2..=2, 1..=1, Broadcast),
     spec!("Mul", 2..=2, 1..=1, Broadcast),
     spec!("Or", 2..=2, 1..=1, Broadcast),
     spec!("Pow", 2..=2, 1..=1, Broadcast),
@@ -93,6 +95,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Where", 3..=3, 1..=1, Broadcast),
     spec!("AveragePool", 1..=1, 1..=1, Spatial),
     spec!("Conv", 2..=3, 1..=1, Spatial),
+    spec!("ConvTranspose", 2..=3, 1..=1, Spatial),
     spec!("GlobalAveragePool", 1..=1, 1..=1, Spatial),
     spec!("GlobalMaxPool", 1..=1, 1..=1, Spatial),
     spec!("MaxPool", 1..=1, 1..=2, Spatial),
@@ -109,6 +112,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Expand", 2..=2, 1..=1, Layout),
     spec!("Flatten", 1..=1, 1..=1, Layout),
     spec!("Gather", 2..=2, 1..=1, Layout),
+    spec!("Pad", 2..=4, 1..=1, Layout),
     spec!("Reshape", 2..=2, 1..=1, Layout),
     spec!("Slice", 3..=5, 1..=1, Layout),
     spec!("Split", 1..=2, 1..=usize::MAX, Layout),
@@ -119,6 +123,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("ConstantOfShape", 1..=1, 1..=1, Constant),
     spec!("Range", 3..=3, 1..=1, Constant),
     spec!("Shape", 1..=1, 1..=1, Constant),
+    spec!("Size", 1..=1, 1..=1, Constant),
 ];
 
 /// The spec of a default-domain op, if edgefreeze supports it.

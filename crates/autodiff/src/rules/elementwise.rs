@@ -1,0 +1,249 @@
+//! Gradient rules of element-wise ops (with broadcasting).
+
+use super::{InputGrads, RuleCx};
+use crate::error::Result;
+
+pub(super) const OPS: &[&str] = &[
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Sqrt",
+    "Relu",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "Erf",
+    "Exp",
+    "Log",
+    "Neg",
+    "Reciprocal",
+    "Abs",
+    "Identity",
+    "Cast",
+    "CastLike",
+    "Clip",
+    "Gelu",
+    "Where",
+    "Dropout",
+    "Softplus",
+    "Max",
+    "Min",
+];
+
+pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
+    match cx.node.op_type.as_str() {
+        "Add" | "Sub" => {
+            if cx.need(0) {
+                g[0] = Some(cx.unbroadcast(&dy, 0)?);
+            }
+            if cx.need(1) {
+                let d = if cx.node.op_type == "Sub" { cx.e.neg(&dy) } else { dy.clone() };
+                g[1] = Some(cx.unbroadcast(&d, 1)?);
+            }
+        }
+        "Mul" => {
+            let b = cx.x(1).to_string();
+            if cx.need(0) {
+                let d = cx.e.mul(&dy, &b);
+                g[0] = Some(cx.unbroadcast(&d, 0)?);
+            }
+            if cx.need(1) {
+                let d = cx.e.mul(&dy, &x);
+                g[1] = Some(cx.unbroadcast(&d, 1)?);
+            }
+        }
+        "Div" => {
+            let b = cx.x(1).to_string();
+            let q = cx.e.div(&dy, &b);
+            if cx.need(0) {
+                g[0] = Some(cx.unbroadcast(&q, 0)?);
+            }
+            if cx.need(1) {
+                // d(a/b)/db = -(a/b)/b: reuse the forward quotient.
+                let t = cx.e.mul(&q, &y);
+                let d = cx.e.neg(&t);
+                g[1] = Some(cx.unbroadcast(&d, 1)?);
+            }
+        }
+        "Pow" => {
+            let b = cx.x(1).to_string();
+            if cx.need(0) {
+                let one = cx.e.scalar(1.0);
+                let bm1 = cx.e.sub(&b, &one);
+                let p = cx.e.op("Pow", &[&x, &bm1], vec![]);
+                let t = cx.e.mul(&p, &b);
+                let d = cx.e.mul(&dy, &t);
+                g[0] = Some(cx.unbroadcast(&d, 0)?);
+            }
+            if cx.need(1) {
+                let ln = cx.e.op("Log", &[&x], vec![]);
+                let t = cx.e.mul(&y, &ln);
+                let d = cx.e.mul(&dy, &t);
+                g[1] = Some(cx.unbroadcast(&d, 1)?);
+            }
+        }
+        "Sqrt" => {
+            let t = cx.e.div(&dy, &y);
+            g[0] = Some(cx.e.scale(&t, 0.5));
+        }
+        "Relu" => {
+            let zero = cx.e.scalar(0.0);
+            let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+            g[0] = Some(cx.e.op("Where", &[&pos, &dy, &zero], vec![]));
+        }
+        "LeakyRelu" => {
+            let alpha = cx.node.attr_float("alpha", 0.01)? as f64;
+            let zero = cx.e.scalar(0.0);
+            let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+            let scaled = cx.e.scale(&dy, alpha);
+            g[0] = Some(cx.e.op("Where", &[&pos, &dy, &scaled], vec![]));
+        }
+        "Sigmoid" => {
+            let one = cx.e.scalar(1.0);
+            let omy = cx.e.sub(&one, &y);
+            let t = cx.e.mul(&y, &omy);
+            g[0] = Some(cx.e.mul(&dy, &t));
+        }
+        "Tanh" => {
+            let one = cx.e.scalar(1.0);
+            let y2 = cx.e.mul(&y, &y);
+            let t = cx.e.sub(&one, &y2);
+            g[0] = Some(cx.e.mul(&dy, &t));
+        }
+        "Erf" => {
+            let x2 = cx.e.mul(&x, &x);
+            let nx2 = cx.e.neg(&x2);
+            let ex = cx.e.op("Exp", &[&nx2], vec![]);
+            let t = cx.e.scale(&ex, 2.0 / std::f64::consts::PI.sqrt());
+            g[0] = Some(cx.e.mul(&dy, &t));
+        }
+        "Exp" => g[0] = Some(cx.e.mul(&dy, &y)),
+        "Log" => g[0] = Some(cx.e.div(&dy, &x)),
+        "Neg" => g[0] = Some(cx.e.neg(&dy)),
+        "Reciprocal" => {
+            let y2 = cx.e.mul(&y, &y);
+            let t = cx.e.mul(&dy, &y2);
+            g[0] = Some(cx.e.neg(&t));
+        }
+        "Abs" => {
+            let s = cx.e.op("Sign", &[&x], vec![]);
+            g[0] = Some(cx.e.mul(&dy, &s));
+        }
+        "Identity" | "Dropout" => g[0] = Some(dy),
+        "Cast" | "CastLike" => {
+            let from = cx.types.types.get(&x).and_then(|t| t.dtype).ok_or_else(|| cx.err("input type unknown"))?;
+            g[0] = Some(cx.e.cast(&dy, from));
+        }
+        "Clip" => {
+            // Like PyTorch's hardtanh: the gradient passes strictly inside (min, max).
+            let zero = cx.e.scalar(0.0);
+            let mut mask: Option<String> = None;
+            for (i, op) in [(1, "Greater"), (2, "Less")] {
+                if let Some(bound) = cx.node.input(i) {
+                    let m = cx.e.op(op, &[&x, bound], vec![]);
+                    mask = Some(match mask {
+                        Some(prev) => cx.e.op("And", &[&prev, &m], vec![]),
+                        None => m,
+                    });
+                }
+            }
+            g[0] = Some(match mask {
+                Some(m) => cx.e.op("Where", &[&m, &dy, &zero], vec![]),
+                None => dy,
+            });
+        }
+        "Gelu" => {
+            let approximate = cx.node.attr_string("approximate", "none")?;
+            g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf_grad(cx, &x, &dy) });
+        }
+        "Softplus" => {
+            let s = cx.e.op("Sigmoid", &[&x], vec![]);
+            g[0] = Some(cx.e.mul(&dy, &s));
+        }
+        "Where" => {
+            let c = cx.x(0).to_string();
+            let zero = cx.e.scalar(0.0);
+            if cx.need(1) {
+                let d = cx.e.op("Where", &[&c, &dy, &zero], vec![]);
+                g[1] = Some(cx.unbroadcast(&d, 1)?);
+            }
+            if cx.need(2) {
+                let d = cx.e.op("Where", &[&c, &zero, &dy], vec![]);
+                g[2] = Some(cx.unbroadcast(&d, 2)?);
+            }
+        }
+        "Max" | "Min" => {
+            // The gradient goes to the first input that attains the result.
+            let zero = cx.e.scalar(0.0);
+            let mut taken: Option<String> = None;
+            for (i, grad) in g.iter_mut().enumerate() {
+                let xi = cx.x(i).to_string();
+                let hit = cx.e.op("Equal", &[&xi, &y], vec![]);
+                let first = match &taken {
+                    Some(t) => {
+                        let free = cx.e.op("Not", &[t], vec![]);
+                        cx.e.op("And", &[&hit, &free], vec![])
+                    }
+                    None => hit.clone(),
+                };
+                if cx.need(i) {
+                    let d = cx.e.op("Where", &[&first, &dy, &zero], vec![]);
+                    *grad = Some(cx.unbroadcast(&d, i)?);
+                }
+                taken = Some(match taken {
+                    Some(t) => cx.e.op("Or", &[&t, &hit], vec![]),
+                    None => hit,
+                });
+            }
+        }
+        other => return Err(cx.err(format!("no element-wise rule for {other}"))),
+    }
+    Ok(g)
+}
+
+/// d/dx of x·Φ(x) = Φ(x) + x·φ(x).
+fn gelu_erf_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> String {
+    let e = &mut *cx.e;
+    let xs = e.scale(x, std::f64::consts::FRAC_1_SQRT_2);
+    let erf = e.op("Erf", &[&xs], vec![]);
+    let one = e.scalar(1.0);
+    let p = e.add(&erf, &one);
+    let cdf = e.scale(&p, 0.5);
+    let x2 = e.mul(x, x);
+    let h = e.scale(&x2, -0.5);
+    let ex = e.op("Exp", &[&h], vec![]);
+    let pdf = e.scale(&ex, 1.0 / (2.0 * std::f64::consts::PI).sqrt());
+    let xpdf = e.mul(x, &pdf);
+    let d = e.add(&cdf, &xpdf);
+    e.mul(dy, &d)
+}
+
+/// Gradient of the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+fn gelu_tanh_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> String {
+    let e = &mut *cx.e;
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let x2 = e.mul(x, x);
+    let x3 = e.mul(&x2, x);
+    let c = e.scale(&x3, 0.044715);
+    let inner0 = e.add(x, &c);
+    let inner = e.scale(&inner0, k);
+    let t = e.op("Tanh", &[&inner], vec![]);
+    let one = e.scalar(1.0);
+    let onept = e.add(&one, &t);
+    let left = e.scale(&onept, 0.5);
+    let t2 = e.mul(&t, &t);
+    let sech2 = e.sub(&one, &t2);
+    let c3 = e.scale(&x2, 3.0 * 0.044715);
+    let dinner0 = e.add(&one, &c3);
+    let dinner = e.scale(&dinner0, k);
+    let r0 = e.mul(&sech2, &dinner);
+    let r1 = e.mul(x, &r0);
+    let right = e.scale(&r1, 0.5);
+    let d = e.add(&left, &right);
+    e.mul(dy, &d)
+}

@@ -1,0 +1,157 @@
+//! Gradient rules of layout ops: reshapes, transposes, concatenation and splitting,
+//! slicing, gathering (embedding lookups) and broadcasting.
+
+use super::{InputGrads, RuleCx};
+use crate::error::Result;
+use edgefreeze_graph::DataType;
+use edgefreeze_graph::ir::{Attribute, Dim};
+
+pub(super) const OPS: &[&str] =
+    &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather", "Expand"];
+
+pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    match cx.node.op_type.as_str() {
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
+            let dy = cx.dy()?;
+            g[0] = Some(cx.e.reshape_like(&dy, &x));
+        }
+        "Transpose" => {
+            let dy = cx.dy()?;
+            let rank = cx.shape(&x)?.len();
+            let perm: Vec<i64> = match cx.node.attr_ints("perm")? {
+                Some(p) => p.iter().map(|&a| if a < 0 { a + rank as i64 } else { a }).collect(),
+                None => (0..rank as i64).rev().collect(),
+            };
+            let mut inverse = vec![0i64; rank];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p as usize] = i as i64;
+            }
+            g[0] = Some(cx.e.transpose(&dy, &inverse));
+        }
+        "Concat" => {
+            let dy = cx.dy()?;
+            let rank = cx.shape(&x)?.len() as i64;
+            let axis = cx.node.attr_int("axis", 0)?;
+            let axis = if axis < 0 { axis + rank } else { axis };
+            let mut offset = 0i64;
+            for (i, grad) in g.iter_mut().enumerate() {
+                let size = cx.shape(cx.x(i))?[axis as usize]
+                    .fixed()
+                    .ok_or_else(|| cx.err("concatenated sizes must be known"))? as i64;
+                if cx.need(i) {
+                    let starts = cx.e.ints(&[offset]);
+                    let ends = cx.e.ints(&[offset + size]);
+                    let axes = cx.e.ints(&[axis]);
+                    *grad = Some(cx.e.op("Slice", &[&dy, &starts, &ends, &axes], vec![]));
+                }
+                offset += size;
+            }
+        }
+        "Split" => {
+            let axis = cx.node.attr_int("axis", 0)?;
+            let mut parts = Vec::new();
+            for k in 0..cx.node.outputs.len() {
+                let part = match cx.grads[k].clone() {
+                    Some(d) => d,
+                    None => {
+                        // An output without a gradient contributes zeros of its shape.
+                        let out = cx.y(k).to_string();
+                        let shape = cx.e.shape_of(&out);
+                        let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
+                        cx.e.op("ConstantOfShape", &[&shape], vec![("value", Attribute::Tensor(zero))])
+                    }
+                };
+                parts.push(part);
+            }
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            g[0] = Some(cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(axis))]));
+        }
+        "Slice" => {
+            let dy = cx.dy()?;
+            g[0] = Some(slice_grad(cx, &x, &dy)?);
+        }
+        "Gather" => {
+            let dy = cx.dy()?;
+            g[0] = Some(gather_grad(cx, &x, &dy)?);
+        }
+        "Expand" => {
+            let dy = cx.dy()?;
+            g[0] = Some(cx.unbroadcast(&dy, 0)?);
+        }
+        other => return Err(cx.err(format!("no layout rule for {other}"))),
+    }
+    Ok(g)
+}
+
+fn const_ints(cx: &RuleCx<'_>, i: usize) -> Result<Option<Vec<i64>>> {
+    match cx.node.input(i) {
+        None => Ok(None),
+        Some(name) => cx
+            .types
+            .constants
+            .get(name)
+            .and_then(|t| t.to_i64_vec())
+            .map(Some)
+            .ok_or_else(|| cx.err(format!("input {name:?} must be a constant"))),
+    }
+}
+
+/// Pads the gradient of a unit-step slice back to the input's shape.
+fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
+    let shape = cx.shape(x)?;
+    let rank = shape.len();
+    let starts = const_ints(cx, 1)?.unwrap_or_default();
+    let ends = const_ints(cx, 2)?.unwrap_or_default();
+    let axes = const_ints(cx, 3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = const_ints(cx, 4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    let mut pads = vec![0i64; 2 * rank];
+    for k in 0..starts.len() {
+        if steps[k] != 1 {
+            return Err(cx.err("the gradient of Slice is implemented for unit steps only"));
+        }
+        let axis = if axes[k] < 0 { axes[k] + rank as i64 } else { axes[k] } as usize;
+        let size = match shape[axis] {
+            Dim::Fixed(n) => n as i64,
+            _ => return Err(cx.err("sliced axes must have a known size")),
+        };
+        let clamp = |v: i64| (if v < 0 { v + size } else { v }).clamp(0, size);
+        let (s, e) = (clamp(starts[k]), clamp(ends[k]).max(clamp(starts[k])));
+        pads[axis] = s;
+        pads[axis + rank] = size - e;
+    }
+    let pads = cx.e.ints(&pads);
+    Ok(cx.e.op("Pad", &[dy, &pads], vec![]))
+}
+
+/// The gradient of an embedding lookup along axis 0: one-hot rows times the output gradient.
+fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
+    let axis = cx.node.attr_int("axis", 0)?;
+    let shape = cx.fixed_shape(data)?;
+    if axis != 0 || shape.is_empty() {
+        return Err(cx.err("the gradient of Gather is implemented for axis 0 (embedding lookups)"));
+    }
+    let rows = shape[0] as i64;
+    let width: i64 = shape[1..].iter().product::<usize>() as i64;
+    let indices = cx.x(1).to_string();
+    let flat = cx.e.reshape(&indices, &[-1]);
+    let index_type = cx.types.types.get(&indices).and_then(|t| t.dtype).unwrap_or(DataType::Int64);
+    let flat = if index_type == DataType::Int64 { flat } else { cx.e.cast(&flat, DataType::Int64) };
+    // Negative indices count from the end.
+    let zero = cx.e.int_scalar(0);
+    let n = cx.e.int_scalar(rows);
+    let negative = cx.e.op("Less", &[&flat, &zero], vec![]);
+    let wrapped = cx.e.add(&flat, &n);
+    let flat = cx.e.op("Where", &[&negative, &wrapped, &flat], vec![]);
+    let one = cx.e.int_scalar(1);
+    let range = cx.e.op("Range", &[&zero, &n, &one], vec![]);
+    let column = cx.e.unsqueeze(&flat, &[1]);
+    let hit = cx.e.op("Equal", &[&column, &range], vec![]);
+    let float = cx.e.float;
+    let onehot = cx.e.cast(&hit, float);
+    let dy2 = cx.e.reshape(dy, &[-1, width]);
+    let grad = cx.e.op("Gemm", &[&onehot, &dy2], vec![("transA", Attribute::Int(1))]);
+    let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) })
+}

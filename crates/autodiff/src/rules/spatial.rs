@@ -1,0 +1,478 @@
+//! Gradient rules of convolution and pooling.
+//!
+//! Every rule is written in ops that ONNX Runtime, tract and the ONNX reference evaluator
+//! all run with a symbolic batch: spatial sizes and channels must be known, the batch
+//! need not be.
+//!
+//! - `Conv`: the input gradient is a `ConvTranspose` of dY with the weight (explicit pads
+//!   and output padding so that it has exactly X's size); the weight gradient is an im2col
+//!   built from one strided `Slice` per kernel offset followed by a grouped `MatMul`
+//!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
+//!   "batch as channels" convolution); the bias gradient sums dY.
+//! - `MaxPool`: each kernel offset's strided slice of the input (padded with the lowest
+//!   value) is compared with Y; dY goes to every position equal to its window's maximum,
+//!   and one `ConvTranspose` with a one-hot kernel scatters it back. Tied positions all
+//!   receive the full gradient (PyTorch gives it to one of them). Non-overlapping windows
+//!   (kernel = stride, no padding, no dilation) compare reshaped views instead, with no
+//!   slices. The `Indices` output is not used (tract's indices follow another convention
+//!   than ONNX's) and carries no gradient.
+//! - `AveragePool`: dY divided by each window's element count (known statically; with
+//!   `count_include_pad` the explicit padding counts, the `ceil_mode` overhang never does)
+//!   is scattered back by a `ConvTranspose` with a kernel of ones.
+//! - `GlobalAveragePool`: dY / (spatial size), expanded; `GlobalMaxPool`: dY where X = Y.
+//!
+//! onnx.reference computes a grouped `ConvTranspose` correctly only with one input and one
+//! output channel per group, so that is the only grouped form emitted: the pooling
+//! scatters fold the channels into the batch and run ungrouped, and grouped convolutions
+//! are split per group unless they are depthwise.
+
+use super::{InputGrads, RuleCx};
+use crate::error::Result;
+use edgefreeze_graph::DataType;
+use edgefreeze_graph::infer::Window;
+use edgefreeze_graph::ir::{Attribute, Dim};
+
+pub(super) const OPS: &[&str] = &["Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"];
+
+pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    match cx.node.op_type.as_str() {
+        "Conv" => conv(cx),
+        "MaxPool" => max_pool(cx),
+        "AveragePool" => average_pool(cx),
+        "GlobalAveragePool" => global_average_pool(cx),
+        _ => global_max_pool(cx),
+    }
+}
+
+/// The window of a sliding-window node with known spatial sizes and channel count.
+struct Geometry {
+    window: Window,
+    /// Channels of the input.
+    channels: usize,
+    /// Spatial sizes of the input.
+    input: Vec<usize>,
+    /// Spatial sizes of the output.
+    output: Vec<usize>,
+}
+
+impl Geometry {
+    fn of(cx: &RuleCx<'_>, weight_kernel: Option<&[Dim]>) -> Result<Geometry> {
+        let x = cx.shape(cx.x(0))?;
+        if x.len() < 3 {
+            return Err(cx.err(format!("the input must be N×C×spatial..., got rank {}", x.len())));
+        }
+        let known = |dims: &[Dim], what: &str| -> Result<Vec<usize>> {
+            dims.iter().map(|d| d.fixed().ok_or_else(|| cx.err(format!("the gradient needs known {what}")))).collect()
+        };
+        let channels = known(&x[1..2], "input channels")?[0];
+        let input = known(&x[2..], "spatial sizes of the input")?;
+        let window = Window::from_node(cx.node, &x[2..], weight_kernel)?;
+        let output = known(&window.output(cx.node, &x[2..])?, "spatial sizes of the output")?;
+        if output.contains(&0) {
+            return Err(cx.err("the output is empty"));
+        }
+        Ok(Geometry { window, channels, input, output })
+    }
+
+    fn axes(&self) -> usize {
+        self.input.len()
+    }
+
+    /// Kernel extent along `axis` with dilation.
+    fn extent(&self, axis: usize) -> usize {
+        (self.window.kernel[axis] - 1) * self.window.dilations[axis] + 1
+    }
+
+    /// Length, in padded coordinates, of what the windows read along `axis`.
+    fn span(&self, axis: usize) -> usize {
+        (self.output[axis] - 1) * self.window.strides[axis] + self.extent(axis)
+    }
+
+    /// Elements of the kernel.
+    fn kernel_size(&self) -> usize {
+        self.window.kernel.iter().product()
+    }
+
+    /// Output positions per channel.
+    fn output_size(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    fn ints(values: &[usize]) -> Attribute {
+        Attribute::Ints(values.iter().map(|&v| v as i64).collect())
+    }
+}
+
+/// Every kernel offset, row-major (the order of a weight's kernel axes).
+fn offsets(kernel: &[usize]) -> Vec<Vec<usize>> {
+    let mut all = vec![Vec::new()];
+    for &k in kernel {
+        all = all
+            .into_iter()
+            .flat_map(|prefix: Vec<usize>| {
+                (0..k).map(move |i| {
+                    let mut p = prefix.clone();
+                    p.push(i);
+                    p
+                })
+            })
+            .collect();
+    }
+    all
+}
+
+/// Pads the spatial axes of `x` with a constant (`None`: zero); `x` itself when no padding.
+fn pad_spatial(cx: &mut RuleCx<'_>, x: &str, begin: &[usize], end: &[usize], value: Option<f64>) -> String {
+    if begin.iter().chain(end).all(|&p| p == 0) {
+        return x.to_string();
+    }
+    let mut pads = vec![0i64, 0];
+    pads.extend(begin.iter().map(|&p| p as i64));
+    pads.extend([0, 0]);
+    pads.extend(end.iter().map(|&p| p as i64));
+    let pads = cx.e.ints(&pads);
+    match value {
+        Some(v) => {
+            let v = cx.e.scalar(v);
+            cx.e.op("Pad", &[x, &pads, &v], vec![])
+        }
+        None => cx.e.op("Pad", &[x, &pads], vec![]),
+    }
+}
+
+/// For each kernel offset, the strided slice of the padded input `xp` (spatial sizes
+/// `padded`) that the offset reads in every window: `[N, C, out...]` each, concatenated
+/// along the channels to `[N, K·C, out...]` (offset-major).
+fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
+    let n = geo.axes();
+    let w = &geo.window;
+    let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
+    let steps = cx.e.ints(&w.strides.iter().map(|&s| s as i64).collect::<Vec<_>>());
+    let mut parts = Vec::new();
+    for offset in offsets(&w.kernel) {
+        let starts: Vec<usize> = (0..n).map(|a| offset[a] * w.dilations[a]).collect();
+        let ends: Vec<usize> = (0..n).map(|a| starts[a] + (geo.output[a] - 1) * w.strides[a] + 1).collect();
+        let whole = (0..n).all(|a| starts[a] == 0 && w.strides[a] == 1 && ends[a] == padded[a]);
+        if whole {
+            parts.push(xp.to_string());
+            continue;
+        }
+        let starts = cx.e.ints(&starts.iter().map(|&s| s as i64).collect::<Vec<_>>());
+        let ends = cx.e.ints(&ends.iter().map(|&s| s as i64).collect::<Vec<_>>());
+        parts.push(cx.e.op("Slice", &[xp, &starts, &ends, &axes, &steps], vec![]));
+    }
+    if parts.len() == 1 {
+        return parts.remove(0);
+    }
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
+}
+
+/// A `ConvTranspose` of `values` (`[N, C_in, out...]`) with `weight` that scatters window
+/// values back onto the input: it has the window's strides and dilations, and pads and
+/// output padding chosen so that its result has exactly the input's spatial size (the
+/// start padding is cropped, as is any window overhang at the end; input positions no
+/// window reads get zeros).
+fn scatter(cx: &mut RuleCx<'_>, values: &str, weight: &str, geo: &Geometry, group: usize) -> String {
+    let n = geo.axes();
+    let w = &geo.window;
+    let mut pads_end = vec![0; n];
+    let mut output_padding = vec![0; n];
+    for a in 0..n {
+        let (full, target) = (geo.span(a), geo.input[a] + w.pads_begin[a]);
+        if full >= target {
+            pads_end[a] = full - target;
+        } else {
+            output_padding[a] = target - full;
+        }
+    }
+    let mut pads = w.pads_begin.clone();
+    pads.extend(pads_end);
+    let mut attrs = vec![
+        ("kernel_shape", Geometry::ints(&w.kernel)),
+        ("strides", Geometry::ints(&w.strides)),
+        ("dilations", Geometry::ints(&w.dilations)),
+        ("pads", Geometry::ints(&pads)),
+        ("group", Attribute::Int(group as i64)),
+    ];
+    if output_padding.iter().any(|&p| p != 0) {
+        attrs.push(("output_padding", Geometry::ints(&output_padding)));
+    }
+    cx.e.op("ConvTranspose", &[values, weight], attrs)
+}
+
+/// X `[N, C, in...]`, W `[M, C/group, k...]`, optional B `[M]` → Y `[N, M, out...]`.
+fn conv(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let (x, w) = (cx.x(0).to_string(), cx.x(1).to_string());
+    let w_shape = cx.fixed_shape(&w)?;
+    let kernel: Vec<Dim> = w_shape[2..].iter().map(|&d| Dim::Fixed(d)).collect();
+    let geo = Geometry::of(cx, Some(&kernel))?;
+    let group = cx.node.attr_int("group", 1)?.max(1) as usize;
+    let (m, cg) = (w_shape[0], w_shape[1]);
+    if geo.channels != cg * group || m % group != 0 {
+        return Err(cx.err(format!("{} input channels, weight {w_shape:?} and group {group} do not fit", geo.channels)));
+    }
+    let n = geo.axes();
+    let mut g = cx.none();
+    if cx.need(0) {
+        g[0] = Some(conv_input_grad(cx, &dy, &w, &w_shape, &geo, group));
+    }
+    if cx.need(1) {
+        g[1] = Some(conv_weight_grad(cx, &x, &dy, &w_shape, &geo, group));
+    }
+    if cx.need(2) {
+        let axes: Vec<i64> = std::iter::once(0).chain(2..2 + n as i64).collect();
+        g[2] = Some(cx.e.reduce_sum(&dy, &axes, false));
+    }
+    Ok(g)
+}
+
+/// The adjoint of a convolution: the transposed convolution of dY with the same weight.
+///
+/// onnx.reference runs a grouped `ConvTranspose` correctly only with one input and one
+/// output channel per group, so a grouped convolution becomes either that depthwise form
+/// (one input channel per group: each output channel scatters back on its own, then the
+/// channel multiplier is summed) or one ungrouped `ConvTranspose` per group.
+fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
+    let (m, cg) = (w_shape[0], w_shape[1]);
+    let mg = m / group;
+    if group == 1 {
+        return scatter(cx, dy, w, geo, 1);
+    }
+    if cg == 1 {
+        let dx = scatter(cx, dy, w, geo, m);
+        if mg == 1 {
+            return dx;
+        }
+        let mut shape = vec![-1, geo.channels as i64, mg as i64];
+        shape.extend(geo.input.iter().map(|&s| s as i64));
+        let dx = cx.e.reshape(&dx, &shape);
+        return cx.e.reduce_sum(&dx, &[2], false);
+    }
+    let sizes = cx.e.ints(&vec![mg as i64; group]);
+    let mut split = |x: &str, axis: i64| -> Vec<String> {
+        let parts: Vec<String> = (0..group).map(|_| cx.e.fresh("split")).collect();
+        let outputs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        cx.e.op_into("Split", &[x, &sizes], &outputs, vec![("axis", Attribute::Int(axis))]);
+        parts
+    };
+    let (dys, ws) = (split(dy, 1), split(w, 0));
+    let parts: Vec<String> = dys.iter().zip(&ws).map(|(d, wk)| scatter(cx, d, wk, geo, 1)).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    cx.e.op("Concat", &parts, vec![("axis", Attribute::Int(1))])
+}
+
+/// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
+/// im2col of the padded input made of one strided slice per kernel offset.
+fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
+    let w = &geo.window;
+    let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
+    let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
+    let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
+    let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
+    // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
+    let cols = window_slices(cx, &xp, &padded, geo);
+    let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
+    let cols = cx.e.transpose(&cols, &[2, 0, 4, 3, 1]);
+    let cols = cx.e.reshape(&cols, &[g, -1, cg * k]);
+    // dY [N, M, out...] → [N, g, Mg, P] → [g, Mg, N, P] → [g, Mg, N·P].
+    let d = cx.e.reshape(dy, &[-1, g, mg, p]);
+    let d = cx.e.transpose(&d, &[1, 2, 0, 3]);
+    let d = cx.e.reshape(&d, &[g, mg, -1]);
+    let prod = cx.e.op("MatMul", &[&d, &cols], vec![]);
+    cx.e.reshape(&prod, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>())
+}
+
+/// The most negative finite value of a float type: padding that never wins a max.
+fn lowest(float: DataType) -> f64 {
+    match float {
+        DataType::Float64 => f64::MIN,
+        DataType::Float16 => -65504.0,
+        _ => f32::MIN as f64,
+    }
+}
+
+/// dX = dY routed to every element equal to its window's maximum (all tied elements).
+fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    if !cx.need(0) {
+        return Ok(g);
+    }
+    let dy = cx.dy()?;
+    let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
+    let geo = Geometry::of(cx, None)?;
+    let w = &geo.window;
+    let n = geo.axes();
+    let tiles = (0..n).all(|a| {
+        w.kernel[a] == w.strides[a]
+            && w.dilations[a] == 1
+            && w.pads_begin[a] == 0
+            && w.pads_end[a] == 0
+            && geo.output[a] * w.kernel[a] <= geo.input[a]
+    });
+    g[0] = Some(if tiles { max_pool_tiled(cx, &x, &y, &dy, &geo) } else { max_pool_windows(cx, &x, &y, &dy, &geo) });
+    Ok(g)
+}
+
+/// `[N, C, spatial...]` viewed as `[N·C, 1, spatial...]`: one image per channel, so that
+/// scatters run as ungrouped `ConvTranspose`s with a small constant kernel.
+fn channels_to_batch(cx: &mut RuleCx<'_>, x: &str, spatial: &[usize]) -> String {
+    let shape: Vec<i64> = [-1, 1].into_iter().chain(spatial.iter().map(|&s| s as i64)).collect();
+    cx.e.reshape(x, &shape)
+}
+
+/// `[N·C, 1, spatial...]` back to `[N, C, spatial...]`.
+fn batch_to_channels(cx: &mut RuleCx<'_>, x: &str, channels: usize, spatial: &[usize]) -> String {
+    let shape: Vec<i64> = [-1, channels as i64].into_iter().chain(spatial.iter().map(|&s| s as i64)).collect();
+    cx.e.reshape(x, &shape)
+}
+
+/// The general max-pool gradient: per kernel offset, the strided slice of the input
+/// (padded with the lowest value) equal to Y takes dY; a `ConvTranspose` with a one-hot
+/// kernel (offset k of the K input channels → its kernel position) scatters and sums them.
+fn max_pool_windows(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometry) -> String {
+    let w = &geo.window;
+    let n = geo.axes();
+    // Pad with the lowest value, also past the end where ceil_mode windows overhang.
+    let padded: Vec<usize> =
+        (0..n).map(|a| (geo.input[a] + w.pads_begin[a] + w.pads_end[a]).max(geo.span(a))).collect();
+    let pads_end: Vec<usize> = (0..n).map(|a| padded[a] - geo.input[a] - w.pads_begin[a]).collect();
+    let x1 = channels_to_batch(cx, x, &geo.input);
+    let low = lowest(cx.e.float);
+    let xp = pad_spatial(cx, &x1, &w.pads_begin, &pads_end, Some(low));
+    // [N·C, K, out...] compared with Y as [N·C, 1, out...].
+    let cols = window_slices(cx, &xp, &padded, geo);
+    let y1 = channels_to_batch(cx, y, &geo.output);
+    let dy1 = channels_to_batch(cx, dy, &geo.output);
+    let mask = cx.e.op("Equal", &[&cols, &y1], vec![]);
+    let zero = cx.e.scalar(0.0);
+    let routed = cx.e.op("Where", &[&mask, &dy1, &zero], vec![]);
+    let k = geo.kernel_size();
+    let mut dims = vec![k, 1];
+    dims.extend(&w.kernel);
+    let mut one_hot = vec![0.0; k * k];
+    for j in 0..k {
+        one_hot[j * k + j] = 1.0;
+    }
+    let one_hot = cx.e.floats(dims, &one_hot);
+    let dx = scatter(cx, &routed, &one_hot, geo, 1);
+    batch_to_channels(cx, &dx, geo.channels, &geo.input)
+}
+
+/// Non-overlapping windows that tile the input (kernel = stride, no padding, no dilation):
+/// the input viewed as `[N, C, out₁, k₁, out₂, k₂...]` is compared with Y broadcast over
+/// the kernel axes; rows and columns no window covers get zeros.
+fn max_pool_tiled(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometry) -> String {
+    let n = geo.axes();
+    let w = &geo.window;
+    let c = geo.channels as i64;
+    let covered: Vec<usize> = (0..n).map(|a| geo.output[a] * w.kernel[a]).collect();
+    let xc = if covered == geo.input {
+        x.to_string()
+    } else {
+        let starts = cx.e.ints(&vec![0; n]);
+        let ends = cx.e.ints(&covered.iter().map(|&v| v as i64).collect::<Vec<_>>());
+        let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
+        cx.e.op("Slice", &[x, &starts, &ends, &axes], vec![])
+    };
+    let mut split = vec![-1, c];
+    let mut single = vec![-1, c];
+    let mut merged = vec![-1, c];
+    for ((&out, &k), &size) in geo.output.iter().zip(&w.kernel).zip(&covered) {
+        split.extend([out as i64, k as i64]);
+        single.extend([out as i64, 1]);
+        merged.push(size as i64);
+    }
+    let xr = cx.e.reshape(&xc, &split);
+    let yr = cx.e.reshape(y, &single);
+    let dyr = cx.e.reshape(dy, &single);
+    let mask = cx.e.op("Equal", &[&xr, &yr], vec![]);
+    let zero = cx.e.scalar(0.0);
+    let routed = cx.e.op("Where", &[&mask, &dyr, &zero], vec![]);
+    let routed = cx.e.reshape(&routed, &merged);
+    let missing: Vec<usize> = (0..n).map(|a| geo.input[a] - covered[a]).collect();
+    pad_spatial(cx, &routed, &vec![0; n], &missing, None)
+}
+
+/// dX = scatter of dY / count, where count is each window's divisor: its elements inside
+/// the explicitly padded input with `count_include_pad`, inside the input without.
+fn average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    if !cx.need(0) {
+        return Ok(g);
+    }
+    let dy = cx.dy()?;
+    let geo = Geometry::of(cx, None)?;
+    let include_pad = cx.node.attr_int("count_include_pad", 0)? != 0;
+    let w = &geo.window;
+    // 1 / count along each axis; the counts of a window are a product over the axes.
+    let mut per_axis: Vec<Vec<f64>> = Vec::new();
+    for a in 0..geo.axes() {
+        let (size, begin, end) = (geo.input[a] as i64, w.pads_begin[a] as i64, w.pads_end[a] as i64);
+        let (lo, hi) = if include_pad { (-begin, size + end) } else { (0, size) };
+        let inverse = (0..geo.output[a] as i64)
+            .map(|o| {
+                let start = o * w.strides[a] as i64 - begin;
+                let count =
+                    (0..w.kernel[a] as i64).filter(|t| (lo..hi).contains(&(start + t * w.dilations[a] as i64))).count();
+                if count == 0 { 0.0 } else { 1.0 / count as f64 }
+            })
+            .collect();
+        per_axis.push(inverse);
+    }
+    let mut weights = vec![1.0];
+    for axis in &per_axis {
+        weights = weights.iter().flat_map(|&v| axis.iter().map(move |&u| v * u)).collect();
+    }
+    let scaled = if weights.iter().all(|&v| v == weights[0]) {
+        cx.e.scale(&dy, weights[0])
+    } else {
+        let t = cx.e.floats(geo.output.clone(), &weights);
+        cx.e.mul(&dy, &t)
+    };
+    let mut dims = vec![1, 1];
+    dims.extend(&w.kernel);
+    let ones = cx.e.floats(dims, &vec![1.0; geo.kernel_size()]);
+    let scaled = channels_to_batch(cx, &scaled, &geo.output);
+    let dx = scatter(cx, &scaled, &ones, &geo, 1);
+    g[0] = Some(batch_to_channels(cx, &dx, geo.channels, &geo.input));
+    Ok(g)
+}
+
+/// dX = dY / (spatial size), broadcast over the spatial axes.
+fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    if !cx.need(0) {
+        return Ok(g);
+    }
+    let dy = cx.dy()?;
+    let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
+    let shape = cx.shape(&x)?;
+    let spatial: Option<usize> = shape.iter().skip(2).map(Dim::fixed).product();
+    let scaled = match spatial {
+        Some(count) => cx.e.scale(&dy, 1.0 / count as f64),
+        None => {
+            // Unknown spatial sizes: |Y| / |X| is 1 / (spatial size).
+            let (ny, nx) = (cx.e.numel(&y), cx.e.numel(&x));
+            let ratio = cx.e.div(&ny, &nx);
+            cx.e.mul(&dy, &ratio)
+        }
+    };
+    g[0] = Some(cx.e.expand_like(&scaled, &x));
+    Ok(g)
+}
+
+/// dX = dY where X equals its channel's maximum (every tied element), else 0.
+fn global_max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    if !cx.need(0) {
+        return Ok(g);
+    }
+    let dy = cx.dy()?;
+    let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
+    let mask = cx.e.op("Equal", &[&x, &y], vec![]);
+    let zero = cx.e.scalar(0.0);
+    g[0] = Some(cx.e.op("Where", &[&mask, &dy, &zero], vec![]));
+    Ok(g)
+}

@@ -1,0 +1,197 @@
+//! The forward pass as training runs it: BatchNormalization from batch statistics (with
+//! its running statistics as new values), LayerNormalization spelled out so its
+//! statistics are available to the backward pass, and Dropout with a mask computed from a
+//! seed input, so a step can be replayed.
+
+use crate::emit::Emitter;
+use crate::error::{AutodiffError, Result};
+use edgefreeze_graph::infer::Inference;
+use edgefreeze_graph::ir::Node;
+
+/// Name of the scalar int64 input that seeds dropout masks.
+pub const DROPOUT_SEED: &str = "dropout_seed";
+
+/// The training-mode forward nodes and what they add to the graph's interface.
+pub struct TrainingForward {
+    /// Forward nodes in topological order.
+    pub nodes: Vec<Node>,
+    /// (running-statistic initializer, its updated value) for every BatchNormalization.
+    pub running_updates: Vec<(String, String)>,
+    /// Whether the nodes read [`DROPOUT_SEED`].
+    pub uses_dropout_seed: bool,
+}
+
+/// Rewrites forward nodes for training. `emitter` provides fresh names.
+pub fn rewrite_for_training(nodes: &[Node], types: &Inference, emitter: &mut Emitter) -> Result<TrainingForward> {
+    let mut out = Vec::with_capacity(nodes.len());
+    let mut running_updates = Vec::new();
+    let mut uses_dropout_seed = false;
+    for (index, node) in nodes.iter().enumerate() {
+        emitter.set_prefix(&node.name);
+        match node.op_type.as_str() {
+            "BatchNormalization" => {
+                batch_norm(node, types, emitter, &mut running_updates)?;
+            }
+            "LayerNormalization" => layer_norm(node, types, emitter)?,
+            "Dropout" => {
+                uses_dropout_seed |= dropout(node, index, emitter)?;
+            }
+            _ => {
+                emitter.set_prefix("");
+                out.append(&mut emitter.nodes);
+                out.push(node.clone());
+                continue;
+            }
+        }
+        out.append(&mut emitter.nodes);
+    }
+    emitter.set_prefix("");
+    Ok(TrainingForward { nodes: out, running_updates, uses_dropout_seed })
+}
+
+fn rank_of(node: &Node, types: &Inference, name: &str) -> Result<usize> {
+    types
+        .types
+        .get(name)
+        .and_then(|t| t.shape.as_ref())
+        .map(|s| s.len())
+        .ok_or_else(|| AutodiffError::node(node, format!("value {name:?} has no known shape")))
+}
+
+/// Normalises `x` over `axes` with `eps`: returns (x̂, mean, biased variance), the
+/// statistics kept with their reduced axes.
+fn normalize(e: &mut Emitter, x: &str, axes: &[i64], eps: f64) -> (String, String, String) {
+    let mean = e.reduce_mean(x, axes, true);
+    let centered = e.sub(x, &mean);
+    let squared = e.mul(&centered, &centered);
+    let var = e.reduce_mean(&squared, axes, true);
+    let epsilon = e.scalar(eps);
+    let shifted = e.add(&var, &epsilon);
+    let std = e.op("Sqrt", &[&shifted], vec![]);
+    (e.div(&centered, &std), mean, var)
+}
+
+fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec<(String, String)>) -> Result<()> {
+    let [x, scale, bias, running_mean, running_var] =
+        [0, 1, 2, 3, 4].map(|i| node.input(i).map(String::from).unwrap_or_default());
+    if [&x, &scale, &bias, &running_mean, &running_var].iter().any(|s| s.is_empty()) {
+        return Err(AutodiffError::node(node, "BatchNormalization needs all five inputs"));
+    }
+    let rank = rank_of(node, types, &x)?;
+    if rank < 2 {
+        return Err(AutodiffError::node(node, "BatchNormalization input must be N×C×..."));
+    }
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let momentum = node.attr_float("momentum", 0.9)? as f64;
+    let axes: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
+    let (normalized, mean, var) = normalize(e, &x, &axes, eps);
+    let spatial: Vec<i64> = (1..rank as i64 - 1).collect();
+    let scale_b = if spatial.is_empty() { scale.clone() } else { e.unsqueeze(&scale, &spatial) };
+    let bias_b = if spatial.is_empty() { bias.clone() } else { e.unsqueeze(&bias, &spatial) };
+    let scaled = e.mul(&normalized, &scale_b);
+    let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
+    e.op_into("Add", &[&scaled, &bias_b], &[y], vec![]);
+    // Running statistics, as PyTorch keeps them: the variance is the unbiased one.
+    let mean_c = e.reshape(&mean, &[-1]);
+    let var_c = e.reshape(&var, &[-1]);
+    let count = e.numel(&x);
+    let channels = e.numel(&mean_c);
+    let n = e.div(&count, &channels);
+    let one = e.scalar(1.0);
+    let n1 = e.sub(&n, &one);
+    let correction = e.div(&n, &n1);
+    let unbiased = e.mul(&var_c, &correction);
+    for (running, batch) in [(&running_mean, &mean_c), (&running_var, &unbiased)] {
+        let kept = e.scale(running, momentum);
+        let fresh = e.scale(batch, 1.0 - momentum);
+        let updated = e.op("Add", &[&kept, &fresh], vec![]);
+        updates.push((running.clone(), updated));
+    }
+    Ok(())
+}
+
+fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
+    let x = node.input(0).unwrap_or_default().to_string();
+    let rank = rank_of(node, types, &x)?;
+    let axis = node.attr_int("axis", -1)?;
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    if !(0..rank as i64).contains(&axis) {
+        return Err(AutodiffError::node(node, format!("axis {axis} is out of range")));
+    }
+    if node.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+        return Err(AutodiffError::node(node, "the Mean and InvStdDev outputs are not supported in training"));
+    }
+    let axes: Vec<i64> = (axis..rank as i64).collect();
+    let (normalized, _, _) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
+    let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
+    let scaled = e.mul(&normalized, node.input(1).unwrap_or_default());
+    match node.input(2) {
+        Some(bias) => e.op_into("Add", &[&scaled, bias], &[y], vec![]),
+        None => e.op_into("Identity", &[&scaled], &[y], vec![]),
+    }
+    Ok(())
+}
+
+/// A dropout mask from a counter-based integer hash of (seed, node, element index), in
+/// exact int64 arithmetic so every engine draws the same mask. Returns whether the seed is read.
+fn dropout(node: &Node, index: usize, e: &mut Emitter) -> Result<bool> {
+    let x = node.input(0).unwrap_or_default().to_string();
+    let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?.to_string();
+    let ratio = match node.input(1) {
+        Some(_) => {
+            return Err(AutodiffError::node(
+                node,
+                "a Dropout ratio given as an input is not supported in training; export the model with a constant ratio",
+            ));
+        }
+        None => node.attr_float("ratio", 0.5)? as f64,
+    };
+    if ratio <= 0.0 {
+        e.op_into("Identity", &[&x], &[&y], vec![]);
+        return Ok(false);
+    }
+    if ratio >= 1.0 {
+        return Err(AutodiffError::node(node, "a Dropout ratio of 1 drops everything"));
+    }
+    // A quadratic (x² + c mod p) hash over the prime p = 2³¹ − 1: every intermediate stays
+    // below 2⁶³, so int64 arithmetic is exact on every engine, and squaring mixes well.
+    const PRIME: i64 = (1 << 31) - 1;
+    let size = e.op("Size", &[&x], vec![]);
+    let zero = e.int_scalar(0);
+    let one = e.int_scalar(1);
+    let flat = e.op("Range", &[&zero, &size, &one], vec![]);
+    let shape = e.shape_of(&x);
+    let index_t = e.op("Reshape", &[&flat, &shape], vec![]);
+    let prime = e.int_scalar(PRIME);
+    let spread = e.int_scalar(2_654_435_761);
+    let scattered = e.mul(&index_t, &spread);
+    let index_h = e.op("Mod", &[&scattered, &prime], vec![]);
+    let seed = e.op("Mod", &[DROPOUT_SEED, &prime], vec![]);
+    let seed_k = e.int_scalar(40_503);
+    let seed_mixed = e.mul(&seed, &seed_k);
+    let salt = e.int_scalar(((index as i64 + 1) * 97_531) % PRIME);
+    let keyed = e.add(&seed_mixed, &salt);
+    let mut h = e.add(&index_h, &keyed);
+    for c in [12_345i64, 1_013_904_223, 362_436_069, 521_288_629] {
+        let reduced = e.op("Mod", &[&h, &prime], vec![]);
+        // h·(h + p) ≡ h² (mod p); written with two operands so no engine turns it into an
+        // integer Square it may lack.
+        let shifted = e.add(&reduced, &prime);
+        let squared = e.mul(&reduced, &shifted);
+        let k = e.int_scalar(c);
+        h = e.add(&squared, &k);
+    }
+    let h = e.op("Mod", &[&h, &prime], vec![]);
+    let float = e.float;
+    let u = e.cast(&h, float);
+    let threshold = e.scalar(ratio * PRIME as f64);
+    let dropped = e.op("Less", &[&u, &threshold], vec![]);
+    let kept = e.op("Not", &[&dropped], vec![]);
+    let mask = e.cast(&kept, float);
+    let scaled = e.scale(&mask, 1.0 / (1.0 - ratio));
+    e.op_into("Mul", &[&x, &scaled], &[&y], vec![]);
+    if let Some(mask_out) = node.output(1) {
+        e.op_into("Identity", &[&kept], &[mask_out], vec![]);
+    }
+    Ok(true)
+}

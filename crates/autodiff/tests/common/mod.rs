@@ -1,0 +1,328 @@
+//! Finite-difference gradient checking in f64 on tract.
+//!
+//! A check builds a one-op model whose differentiable inputs are f64 parameters, appends a
+//! projection loss `Σ yᵢ·rᵢ` with fixed random `r` for every float output, builds the
+//! gradient graph, and compares each analytic gradient element with the central
+//! difference of the loss.
+
+#![allow(dead_code)]
+
+use edgefreeze_autodiff::{Loss, gradient_graph};
+use edgefreeze_engine::{EngineKind, EngineOptions, Value};
+use edgefreeze_graph::ir::{Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::{DataType, Tensor, prepare};
+use ndarray::{ArrayD, IxDyn};
+
+/// A tiny deterministic generator (xorshift) for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [lo, hi).
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.uniform()
+    }
+
+    /// `n` values uniform in [lo, hi).
+    pub fn values(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.range(lo, hi)).collect()
+    }
+}
+
+/// One input of the op under test.
+pub enum Input {
+    /// A differentiable f64 tensor.
+    Param(Vec<usize>, Vec<f64>),
+    /// A constant (integer axes, shapes...), not differentiated.
+    Const(Tensor),
+}
+
+/// A random differentiable input.
+pub fn param(rng: &mut Rng, dims: &[usize]) -> Input {
+    let n = dims.iter().product();
+    Input::Param(dims.to_vec(), rng.values(n, -1.0, 1.0))
+}
+
+/// A differentiable input away from the kinks of piecewise ops (|x| ≥ 0.1).
+pub fn param_away_from_zero(rng: &mut Rng, dims: &[usize]) -> Input {
+    let n = dims.iter().product();
+    let v = (0..n).map(|_| {
+        let m = rng.range(0.1, 1.0);
+        if rng.uniform() < 0.5 { -m } else { m }
+    });
+    Input::Param(dims.to_vec(), v.collect())
+}
+
+/// A constant i64 vector input.
+pub fn ints(values: &[i64]) -> Input {
+    Input::Const(Tensor::from_i64(vec![values.len()], values).unwrap())
+}
+
+/// Checks the gradients of `node` (whose inputs are named `in0`, `in1`... and outputs
+/// `out0`...; empty names keep an input omitted) at the given inputs.
+pub fn check(node: Node, inputs: Vec<Input>, opset: i64) {
+    check_with(node, inputs, opset, &mut Rng::new(99))
+}
+
+/// Step and tolerance of a finite-difference comparison.
+#[derive(Clone, Copy)]
+pub struct Tolerance {
+    /// Central-difference step.
+    pub h: f64,
+    /// Absolute tolerance.
+    pub abs: f64,
+    /// Relative tolerance.
+    pub rel: f64,
+}
+
+/// The default: f64 evaluation throughout.
+pub const F64: Tolerance = Tolerance { h: 1e-6, abs: 1e-6, rel: 1e-5 };
+
+/// For ops whose reference kernel rounds to f32 internally (onnx.reference's Erf): a larger
+/// step keeps the rounding noise small against the difference.
+pub const F32_KERNEL: Tolerance = Tolerance { h: 1e-3, abs: 2e-4, rel: 2e-3 };
+
+/// [`check`] with a caller's generator for the projection weights.
+pub fn check_with(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng) {
+    check_tolerance(node, inputs, opset, rng, F64)
+}
+
+/// [`check`] with a caller's generator and tolerance.
+pub fn check_tolerance(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, tol: Tolerance) {
+    let op = node.op_type.clone();
+    let mut graph = Graph { name: format!("check_{op}"), ..Default::default() };
+    let mut params = Vec::new();
+    for (i, input) in inputs.iter().enumerate() {
+        let name = format!("in{i}");
+        match input {
+            Input::Param(dims, v) => {
+                graph
+                    .initializers
+                    .insert(name.clone(), Tensor::from_f64_as(DataType::Float64, dims.clone(), v).unwrap());
+                params.push((name.clone(), dims.clone(), v.clone()));
+            }
+            Input::Const(t) => {
+                graph.nodes.push(
+                    Node::new(format!("const{i}"), "Constant", &[], &[&name])
+                        .with_attr("value", edgefreeze_graph::ir::Attribute::Tensor(t.clone())),
+                );
+            }
+        }
+        if node.inputs.len() <= i {
+            node.inputs.push(name);
+        } else if !node.inputs[i].is_empty() {
+            node.inputs[i] = name;
+        }
+    }
+    let outputs = node.outputs.len().max(1);
+    node.outputs = (0..outputs).map(|k| format!("out{k}")).collect();
+    graph.nodes.push(node);
+    let mut model = Model { ir_version: 8, opset_imports: vec![(String::new(), opset)], graph, ..Default::default() };
+    // Types of the op's outputs, to make the projection weights.
+    model.graph.outputs = (0..outputs)
+        .map(|k| ValueInfo { name: format!("out{k}"), dtype: None, shape: None, doc_string: String::new() })
+        .collect();
+    let typed = prepare(model.clone()).unwrap_or_else(|e| panic!("{op}: the forward model is invalid: {e}"));
+    let mut terms = Vec::new();
+    for k in 0..outputs {
+        let info = typed.graph.value_type(&format!("out{k}")).unwrap();
+        if info.dtype != Some(DataType::Float64) {
+            continue;
+        }
+        let dims: Vec<usize> = info.shape.unwrap().iter().map(|d| d.fixed().expect("fixed output shape")).collect();
+        let n: usize = dims.iter().product();
+        let weights = Tensor::from_f64_as(DataType::Float64, dims, &rng.values(n, -1.0, 1.0)).unwrap();
+        let w = format!("proj{k}");
+        model.graph.nodes.push(
+            Node::new(format!("proj_const{k}"), "Constant", &[], &[&w])
+                .with_attr("value", edgefreeze_graph::ir::Attribute::Tensor(weights)),
+        );
+        model.graph.nodes.push(Node::new(
+            format!("proj_mul{k}"),
+            "Mul",
+            &[&format!("out{k}"), &w],
+            &[&format!("prod{k}")],
+        ));
+        model.graph.nodes.push(
+            Node::new(format!("proj_sum{k}"), "ReduceSum", &[&format!("prod{k}")], &[&format!("term{k}")])
+                .with_attr("keepdims", edgefreeze_graph::ir::Attribute::Int(0)),
+        );
+        terms.push(format!("term{k}"));
+    }
+    let mut total = terms[0].clone();
+    for (k, t) in terms.iter().enumerate().skip(1) {
+        let next = format!("total{k}");
+        model.graph.nodes.push(Node::new(format!("sum{k}"), "Add", &[&total, t], &[&next]));
+        total = next;
+    }
+    model.graph.outputs = vec![ValueInfo { name: total, dtype: None, shape: None, doc_string: String::new() }];
+    let model = prepare(model).unwrap();
+    let grad = gradient_graph(&model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{op}: {e}"));
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let run = |session: &mut Box<dyn edgefreeze_engine::Session>, values: &[(String, Vec<usize>, Vec<f64>)]| {
+        let arrays: Vec<(String, Value)> = values
+            .iter()
+            .map(|(n, d, v)| (n.clone(), Value::F64(ArrayD::from_shape_vec(IxDyn(d), v.clone()).unwrap())))
+            .collect();
+        let refs: Vec<(&str, &Value)> = arrays.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        session.run(&refs)
+    };
+    // Exact f64 evaluation is needed: ONNX Runtime's CPU kernels are exact but lack f64
+    // convolutions and Erf; the ONNX reference evaluator (numpy) has everything in f64 but
+    // runs in Python; tract has f64 kernels but computes some ops (Sqrt, reductions) with
+    // about 1e-10 relative error, too coarse for central differences, so it comes last.
+    let mut failures = Vec::new();
+    let mut chosen = None;
+    match edgefreeze_engine::load(&EngineKind::Ort(edgefreeze_engine::Provider::Cpu), &bytes, &EngineOptions::default())
+    {
+        Ok(mut s) => match run(&mut s, &params) {
+            Ok(out) => chosen = Some((s, out)),
+            Err(e) => failures.push(format!("ort: {e}")),
+        },
+        Err(e) => failures.push(format!("ort: {e}")),
+    }
+    if chosen.is_none() && python_reference_available() {
+        return check_on_reference(&op, &grad, &params, tol);
+    }
+    if chosen.is_none() {
+        match edgefreeze_engine::load(&EngineKind::Tract, &bytes, &EngineOptions::default()) {
+            Ok(mut s) => match run(&mut s, &params) {
+                Ok(out) => chosen = Some((s, out)),
+                Err(e) => failures.push(format!("tract: {e}")),
+            },
+            Err(e) => failures.push(format!("tract: {e}")),
+        }
+    }
+    let Some((mut session, base)) = chosen else { panic!("{op}: no engine runs the f64 gradient graph: {failures:?}") };
+    let names: Vec<String> = session.output_names().to_vec();
+    let run = |session: &mut Box<dyn edgefreeze_engine::Session>,
+               values: &[(String, Vec<usize>, Vec<f64>)]|
+     -> Vec<Value> { run(session, values).unwrap_or_else(|e| panic!("{op}: run failed: {e}")) };
+    let loss_at =
+        |session: &mut Box<dyn edgefreeze_engine::Session>, values: &[(String, Vec<usize>, Vec<f64>)]| -> f64 {
+            let out = run(session, values);
+            let i = names.iter().position(|n| n == "loss").unwrap();
+            out[i].as_f64().unwrap().iter().copied().next().unwrap()
+        };
+    let h = tol.h;
+    for (p, (name, _, values)) in params.iter().enumerate() {
+        let gi = names
+            .iter()
+            .position(|n| *n == format!("grad.{name}"))
+            .unwrap_or_else(|| panic!("{op}: no gradient for {name}"));
+        let analytic: Vec<f64> = base[gi].as_f64().unwrap().iter().copied().collect();
+        assert_eq!(analytic.len(), values.len(), "{op}: gradient of {name} has the wrong size");
+        // Every element of small tensors, a spread of them for larger ones.
+        let step = (values.len() / 24).max(1);
+        for k in (0..values.len()).step_by(step) {
+            let mut plus = params.clone();
+            plus[p].2[k] += h;
+            let mut minus = params.clone();
+            minus[p].2[k] -= h;
+            let numeric = (loss_at(&mut session, &plus) - loss_at(&mut session, &minus)) / (2.0 * h);
+            let tolerance = tol.abs + tol.rel * numeric.abs().max(analytic[k].abs());
+            assert!(
+                (numeric - analytic[k]).abs() <= tolerance,
+                "{op}: d loss / d {name}[{k}]: analytic {} vs finite difference {numeric}",
+                analytic[k]
+            );
+        }
+    }
+}
+
+/// Whether `python3` can import onnx's reference evaluator.
+pub fn python_reference_available() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import onnx.reference"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+type ParamSet = Vec<(String, Vec<usize>, Vec<f64>)>;
+
+/// Runs the graph on many parameter sets with the ONNX reference evaluator; returns each
+/// set's outputs by name.
+pub fn reference_outputs(model: &Model, sets: &[ParamSet]) -> Vec<std::collections::HashMap<String, Vec<f64>>> {
+    let dir = tempfile_dir();
+    let model_path = dir.join("model.onnx");
+    edgefreeze_graph::save_model(model, &model_path, &Default::default()).unwrap();
+    let mut bundle = Graph::default();
+    for (k, set) in sets.iter().enumerate() {
+        for (name, dims, values) in set {
+            bundle
+                .initializers
+                .insert(format!("{k}:{name}"), Tensor::from_f64_as(DataType::Float64, dims.clone(), values).unwrap());
+        }
+    }
+    let inputs = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph: bundle, ..Default::default() };
+    let inputs_path = dir.join("inputs.onnx");
+    let outputs_path = dir.join("outputs.onnx");
+    edgefreeze_graph::save_model(&inputs, &inputs_path, &Default::default()).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/evaluate.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&model_path)
+        .arg(&inputs_path)
+        .arg(&outputs_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "reference evaluator failed: {}", String::from_utf8_lossy(&out.stderr));
+    let results = edgefreeze_graph::load_model(&outputs_path).unwrap();
+    let mut per_set = vec![std::collections::HashMap::new(); sets.len()];
+    for (key, t) in &results.graph.initializers {
+        let (k, name) = key.split_once(':').unwrap();
+        per_set[k.parse::<usize>().unwrap()].insert(name.to_string(), t.to_f64_vec().unwrap());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    per_set
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("edgefreeze-gradcheck-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The finite-difference comparison, with every evaluation done by the reference evaluator in one call.
+fn check_on_reference(op: &str, grad: &Model, params: &ParamSet, tol: Tolerance) {
+    let h = tol.h;
+    let mut sets = vec![params.clone()];
+    let mut probes = Vec::new();
+    for (p, (_, _, values)) in params.iter().enumerate() {
+        let step = (values.len() / 24).max(1);
+        for k in (0..values.len()).step_by(step) {
+            let mut plus = params.clone();
+            plus[p].2[k] += h;
+            let mut minus = params.clone();
+            minus[p].2[k] -= h;
+            probes.push((p, k, sets.len()));
+            sets.push(plus);
+            sets.push(minus);
+        }
+    }
+    let outputs = reference_outputs(grad, &sets);
+    for (p, k, at) in probes {
+        let name = &params[p].0;
+        let analytic = outputs[0][&format!("grad.{name}")][k];
+        let numeric = (outputs[at]["loss"][0] - outputs[at + 1]["loss"][0]) / (2.0 * h);
+        let tolerance = tol.abs + tol.rel * numeric.abs().max(analytic.abs());
+        assert!(
+            (numeric - analytic).abs() <= tolerance,
+            "{op}: d loss / d {name}[{k}]: analytic {analytic} vs finite difference {numeric} (reference evaluator)"
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! Finite-difference checks of the convolution and pooling gradient rules, and one check
+//! that tract and ONNX Runtime agree on a small CNN's gradients with a symbolic batch.
+
+mod common;
+
+use common::*;
+use edgefreeze_autodiff::{Loss, gradient_graph};
+use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
+use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::{DataType, Tensor, prepare};
+use ndarray::{ArrayD, IxDyn};
+
+fn op(op: &str) -> Node {
+    Node::new(op, op, &[], &["out0"])
+}
+
+fn ints(v: &[i64]) -> Attribute {
+    Attribute::Ints(v.to_vec())
+}
+
+fn text(s: &str) -> Attribute {
+    Attribute::String(s.as_bytes().to_vec())
+}
+
+/// Distinct values (a shuffled even spread over [-1, 1)) so that no window of a max pool has a tie.
+fn distinct(rng: &mut Rng, dims: &[usize]) -> Input {
+    let n: usize = dims.iter().product();
+    let mut v: Vec<f64> = (0..n).map(|i| -1.0 + 2.0 * i as f64 / n as f64).collect();
+    for i in (1..n).rev() {
+        let j = (rng.uniform() * (i + 1) as f64) as usize;
+        v.swap(i, j.min(i));
+    }
+    Input::Param(dims.to_vec(), v)
+}
+
+/// Parameter values by name, with their dimensions.
+type Params = Vec<(String, Vec<usize>, Vec<f64>)>;
+
+/// A named test model: its nodes and its parameters' shapes.
+type Case<'a> = (&'a str, Vec<Node>, Vec<(&'a str, &'a [usize])>);
+
+/// The finite-difference check, then [`engines_agree`].
+fn case(node: Node, inputs: Vec<Input>, opset: i64) {
+    engines_agree(&node, &inputs, opset);
+    check(node, inputs, opset);
+}
+
+/// The one-op model of the finite-difference harness (parameters `in0`..., a projection
+/// loss over the float outputs) in `float`, and its gradient graph.
+fn gradient_model(node: &Node, inputs: &[Input], opset: i64, float: DataType) -> (Model, Params) {
+    let mut graph = Graph { name: format!("engines_{}", node.op_type), ..Default::default() };
+    let mut node = node.clone();
+    let mut params = Vec::new();
+    node.inputs.clear();
+    for (i, input) in inputs.iter().enumerate() {
+        let name = format!("in{i}");
+        match input {
+            Input::Param(dims, v) => {
+                graph.initializers.insert(name.clone(), Tensor::from_f64_as(float, dims.clone(), v).unwrap());
+                params.push((name.clone(), dims.clone(), v.clone()));
+            }
+            Input::Const(t) => graph.nodes.push(
+                Node::new(format!("const{i}"), "Constant", &[], &[&name])
+                    .with_attr("value", Attribute::Tensor(t.clone())),
+            ),
+        }
+        node.inputs.push(name);
+    }
+    let mut rng = Rng::new(7);
+    let y = node.outputs[0].clone();
+    graph.nodes.push(node);
+    graph.outputs = vec![ValueInfo { name: y.clone(), dtype: None, shape: None, doc_string: String::new() }];
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), opset)], graph, ..Default::default() };
+    let typed = prepare(model.clone()).unwrap();
+    let dims: Vec<usize> =
+        typed.graph.value_type(&y).unwrap().shape.unwrap().iter().map(|d| d.fixed().unwrap()).collect();
+    let n = dims.iter().product();
+    let weights = Tensor::from_f64_as(float, dims, &rng.values(n, -1.0, 1.0)).unwrap();
+    let mut model = model;
+    let g = &mut model.graph;
+    g.nodes.push(Node::new("proj_const", "Constant", &[], &["proj"]).with_attr("value", Attribute::Tensor(weights)));
+    g.nodes.push(Node::new("proj_mul", "Mul", &[&y, "proj"], &["prod"]));
+    g.nodes
+        .push(Node::new("proj_sum", "ReduceSum", &["prod"], &["objective"]).with_attr("keepdims", Attribute::Int(0)));
+    g.outputs = vec![ValueInfo { name: "objective".into(), dtype: None, shape: None, doc_string: String::new() }];
+    let model = prepare(model).unwrap();
+    (gradient_graph(&model, &Loss::Output, &[]).unwrap(), params)
+}
+
+fn assert_close(what: &str, name: &str, a: &[f64], b: &[f64], rel: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: {name} sizes differ");
+    let scale = a.iter().chain(b).fold(0f64, |m, v| m.max(v.abs())).max(1e-12);
+    for (k, (u, v)) in a.iter().zip(b).enumerate() {
+        assert!((u - v).abs() <= rel * scale, "{what}: {name}[{k}]: {u} vs {v}");
+    }
+}
+
+/// The gradient graph gives the same values on every engine: in f64 on tract and
+/// onnx.reference, in f32 on tract and ONNX Runtime (whose CPU kernels lack f64 Conv).
+fn engines_agree(node: &Node, inputs: &[Input], opset: i64) {
+    let op = &node.op_type;
+    let (grad, params) = gradient_model(node, inputs, opset, DataType::Float64);
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let values: Vec<(String, Value)> = params
+        .iter()
+        .map(|(n, d, v)| (n.clone(), Value::F64(ArrayD::from_shape_vec(IxDyn(d), v.clone()).unwrap())))
+        .collect();
+    let tract = run_engine(&EngineKind::Tract, &bytes, &values);
+    let reference = &common::reference_outputs(&grad, std::slice::from_ref(&params))[0];
+    for (name, t) in &tract {
+        let t: Vec<f64> = t.iter().copied().collect();
+        assert_close(&format!("{op} f64, tract vs onnx.reference"), name, &t, &reference[name], 1e-9);
+    }
+    let (grad, params) = gradient_model(node, inputs, opset, DataType::Float32);
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let values: Vec<(String, Value)> = params
+        .iter()
+        .map(|(n, d, v)| {
+            (n.clone(), Value::F32(ArrayD::from_shape_vec(IxDyn(d), v.iter().map(|&x| x as f32).collect()).unwrap()))
+        })
+        .collect();
+    let tract = run_engine(&EngineKind::Tract, &bytes, &values);
+    let ort = run_engine(&EngineKind::Ort(Provider::Cpu), &bytes, &values);
+    for ((name, a), (_, b)) in tract.iter().zip(&ort) {
+        let (a, b): (Vec<f64>, Vec<f64>) = (a.iter().copied().collect(), b.iter().copied().collect());
+        assert_close(&format!("{op} f32, tract vs ONNX Runtime"), name, &a, &b, 1e-4);
+    }
+}
+
+#[test]
+fn conv_2d_plain_and_with_bias() {
+    let mut rng = Rng::new(11);
+    case(op("Conv"), vec![param(&mut rng, &[2, 3, 5, 5]), param(&mut rng, &[4, 3, 3, 3])], 17);
+    case(op("Conv"), vec![param(&mut rng, &[2, 3, 5, 6]), param(&mut rng, &[4, 3, 3, 2]), param(&mut rng, &[4])], 17);
+}
+
+#[test]
+fn conv_2d_strided_and_padded() {
+    let mut rng = Rng::new(12);
+    let node = op("Conv").with_attr("strides", ints(&[2, 2])).with_attr("pads", ints(&[1, 0, 1, 2]));
+    case(node, vec![param(&mut rng, &[2, 3, 6, 7]), param(&mut rng, &[2, 3, 3, 2]), param(&mut rng, &[2])], 13);
+    // Strides that leave input rows no window reads, with large end padding.
+    let node = op("Conv").with_attr("strides", ints(&[3, 2])).with_attr("pads", ints(&[0, 2, 2, 1]));
+    case(node, vec![param(&mut rng, &[1, 2, 8, 5]), param(&mut rng, &[3, 2, 2, 3])], 21);
+}
+
+#[test]
+fn conv_2d_dilated() {
+    let mut rng = Rng::new(13);
+    let node = op("Conv").with_attr("dilations", ints(&[2, 1])).with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![param(&mut rng, &[1, 2, 7, 6]), param(&mut rng, &[3, 2, 2, 3])], 17);
+    let node = op("Conv").with_attr("dilations", ints(&[2, 2])).with_attr("strides", ints(&[2, 1]));
+    case(node, vec![param(&mut rng, &[2, 2, 8, 7]), param(&mut rng, &[2, 2, 3, 2]), param(&mut rng, &[2])], 17);
+}
+
+#[test]
+fn conv_2d_grouped() {
+    let mut rng = Rng::new(14);
+    let node = op("Conv").with_attr("group", Attribute::Int(2)).with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![param(&mut rng, &[2, 4, 5, 5]), param(&mut rng, &[6, 2, 3, 3]), param(&mut rng, &[6])], 17);
+    // Split takes its sizes as an input at every opset from 13; opset 18 added num_outputs.
+    let node = op("Conv").with_attr("group", Attribute::Int(3)).with_attr("strides", ints(&[2, 1]));
+    case(node, vec![param(&mut rng, &[1, 6, 5, 4]), param(&mut rng, &[3, 2, 2, 2])], 18);
+}
+
+#[test]
+fn conv_2d_depthwise_with_multiplier() {
+    let mut rng = Rng::new(15);
+    let node = op("Conv")
+        .with_attr("group", Attribute::Int(3))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![param(&mut rng, &[2, 3, 6, 5]), param(&mut rng, &[6, 1, 3, 3]), param(&mut rng, &[6])], 17);
+}
+
+#[test]
+fn conv_2d_auto_pad() {
+    let mut rng = Rng::new(16);
+    for auto_pad in ["SAME_UPPER", "SAME_LOWER", "VALID"] {
+        let node = op("Conv").with_attr("auto_pad", text(auto_pad)).with_attr("strides", ints(&[2, 2]));
+        case(node, vec![param(&mut rng, &[1, 2, 7, 6]), param(&mut rng, &[3, 2, 3, 3]), param(&mut rng, &[3])], 17);
+    }
+    let node = op("Conv").with_attr("auto_pad", text("SAME_UPPER"));
+    case(node, vec![param(&mut rng, &[2, 2, 5, 4]), param(&mut rng, &[2, 2, 2, 3])], 17);
+}
+
+#[test]
+fn conv_1d_keyword_spotting_style() {
+    let mut rng = Rng::new(17);
+    let node = op("Conv").with_attr("strides", ints(&[2]));
+    case(node, vec![param(&mut rng, &[2, 4, 20]), param(&mut rng, &[6, 4, 5]), param(&mut rng, &[6])], 17);
+    let node = op("Conv").with_attr("group", Attribute::Int(4)).with_attr("pads", ints(&[2, 2]));
+    case(node, vec![param(&mut rng, &[2, 4, 9]), param(&mut rng, &[4, 1, 5])], 17);
+}
+
+#[test]
+fn conv_1x1() {
+    let mut rng = Rng::new(18);
+    case(op("Conv"), vec![param(&mut rng, &[2, 3, 4, 4]), param(&mut rng, &[5, 3, 1, 1]), param(&mut rng, &[5])], 17);
+    let node = op("Conv").with_attr("strides", ints(&[2, 2]));
+    case(node, vec![param(&mut rng, &[2, 3, 5, 4]), param(&mut rng, &[5, 3, 1, 1])], 17);
+}
+
+#[test]
+fn max_pool_2x2_stride_2() {
+    let mut rng = Rng::new(21);
+    let node = || op("MaxPool").with_attr("kernel_shape", ints(&[2, 2])).with_attr("strides", ints(&[2, 2]));
+    case(node(), vec![distinct(&mut rng, &[2, 3, 4, 6])], 17);
+    // A last row and column no window covers.
+    case(node(), vec![distinct(&mut rng, &[2, 3, 5, 7])], 17);
+}
+
+#[test]
+fn max_pool_overlapping_and_padded() {
+    let mut rng = Rng::new(22);
+    let node = op("MaxPool")
+        .with_attr("kernel_shape", ints(&[3, 3]))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![distinct(&mut rng, &[2, 2, 7, 6])], 17);
+    let node = op("MaxPool").with_attr("kernel_shape", ints(&[2, 3])).with_attr("dilations", ints(&[2, 1]));
+    case(node, vec![distinct(&mut rng, &[1, 2, 6, 5])], 17);
+}
+
+#[test]
+fn max_pool_1d() {
+    let mut rng = Rng::new(23);
+    let node = op("MaxPool").with_attr("kernel_shape", ints(&[4])).with_attr("strides", ints(&[4]));
+    case(node, vec![distinct(&mut rng, &[2, 3, 18])], 17);
+}
+
+#[test]
+fn max_pool_ceil_mode() {
+    let mut rng = Rng::new(24);
+    let node = op("MaxPool")
+        .with_attr("kernel_shape", ints(&[3, 3]))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("ceil_mode", Attribute::Int(1));
+    case(node, vec![distinct(&mut rng, &[1, 2, 6, 8])], 17);
+    let node = op("MaxPool")
+        .with_attr("kernel_shape", ints(&[2, 2]))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("ceil_mode", Attribute::Int(1));
+    case(node, vec![distinct(&mut rng, &[2, 2, 5, 4])], 17);
+}
+
+#[test]
+fn max_pool_indices_output_carries_no_gradient() {
+    let mut rng = Rng::new(25);
+    let node = Node::new("MaxPool", "MaxPool", &[], &["out0", "out1"])
+        .with_attr("kernel_shape", ints(&[2, 2]))
+        .with_attr("strides", ints(&[1, 1]));
+    case(node, vec![distinct(&mut rng, &[1, 2, 4, 5])], 17);
+}
+
+#[test]
+fn average_pool_with_pads() {
+    let mut rng = Rng::new(31);
+    for include in [0, 1] {
+        let node = op("AveragePool")
+            .with_attr("kernel_shape", ints(&[3, 3]))
+            .with_attr("strides", ints(&[2, 2]))
+            .with_attr("pads", ints(&[1, 1, 1, 0]))
+            .with_attr("count_include_pad", Attribute::Int(include));
+        case(node, vec![param(&mut rng, &[2, 2, 7, 6])], 17);
+        let node = op("AveragePool")
+            .with_attr("kernel_shape", ints(&[2, 2]))
+            .with_attr("strides", ints(&[2, 2]))
+            .with_attr("count_include_pad", Attribute::Int(include));
+        case(node, vec![param(&mut rng, &[2, 3, 5, 4])], 17);
+        let node = op("AveragePool")
+            .with_attr("kernel_shape", ints(&[3]))
+            .with_attr("pads", ints(&[1, 1]))
+            .with_attr("count_include_pad", Attribute::Int(include));
+        case(node, vec![param(&mut rng, &[2, 3, 6])], 17);
+    }
+}
+
+#[test]
+fn average_pool_dilated() {
+    let mut rng = Rng::new(33);
+    for include in [0, 1] {
+        let node = op("AveragePool")
+            .with_attr("kernel_shape", ints(&[2, 2]))
+            .with_attr("dilations", ints(&[2, 1]))
+            .with_attr("pads", ints(&[1, 0, 1, 1]))
+            .with_attr("count_include_pad", Attribute::Int(include));
+        case(node, vec![param(&mut rng, &[1, 2, 6, 5])], 19);
+    }
+}
+
+#[test]
+fn average_pool_ceil_mode() {
+    let mut rng = Rng::new(32);
+    for include in [0, 1] {
+        let node = op("AveragePool")
+            .with_attr("kernel_shape", ints(&[3, 3]))
+            .with_attr("strides", ints(&[2, 2]))
+            .with_attr("ceil_mode", Attribute::Int(1))
+            .with_attr("count_include_pad", Attribute::Int(include));
+        case(node, vec![param(&mut rng, &[1, 2, 6, 8])], 17);
+    }
+}
+
+#[test]
+fn global_pools() {
+    let mut rng = Rng::new(41);
+    case(op("GlobalAveragePool"), vec![param(&mut rng, &[2, 3, 4, 5])], 17);
+    case(op("GlobalAveragePool"), vec![param(&mut rng, &[2, 3, 7])], 17);
+    case(op("GlobalMaxPool"), vec![distinct(&mut rng, &[2, 3, 4, 5])], 17);
+}
+
+fn f32_tensor(rng: &mut Rng, dims: &[usize], scale: f64) -> Tensor {
+    let n: usize = dims.iter().product();
+    Tensor::from_f64_as(DataType::Float32, dims.to_vec(), &rng.values(n, -scale, scale)).unwrap()
+}
+
+/// A model with data input `x` of shape `batch×C×spatial...`, f32 parameters, the given
+/// nodes and scalar output `objective`.
+fn symbolic_batch_model(x: &[usize], params: &[(&str, &[usize])], nodes: Vec<Node>, rng: &mut Rng) -> Model {
+    let mut graph = Graph { name: "symbolic".into(), nodes, ..Default::default() };
+    let mut shape = vec![Dim::Symbol("batch".into())];
+    shape.extend(x.iter().map(|&d| Dim::Fixed(d)));
+    graph.inputs.push(ValueInfo::new("x", DataType::Float32, shape));
+    for (name, dims) in params {
+        graph.initializers.insert(name.to_string(), f32_tensor(rng, dims, 0.5));
+    }
+    graph.outputs.push(ValueInfo { name: "objective".into(), dtype: None, shape: None, doc_string: String::new() });
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
+    prepare(model).expect("the model is valid")
+}
+
+/// Builds the gradient graph, runs it on tract and ONNX Runtime with batch 3, and checks
+/// that both give the same loss and gradients, none all zeros.
+fn symbolic_batch_engines_agree(what: &str, model: &Model, rng: &mut Rng) {
+    let grad = gradient_graph(model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let x = grad.graph.inputs.iter().find(|v| v.name == "x").unwrap().shape.clone().unwrap();
+    assert_eq!(x[0], Dim::Symbol("batch".into()), "{what}: the batch stays symbolic");
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let mut inputs = Vec::new();
+    for v in &grad.graph.inputs {
+        let value = if v.name == "x" {
+            let dims: Vec<usize> = std::iter::once(3).chain(x[1..].iter().map(|d| d.fixed().unwrap())).collect();
+            let n = dims.iter().product();
+            ArrayD::from_shape_vec(IxDyn(&dims), rng.values(n, -1.0, 1.0).iter().map(|&x| x as f32).collect()).unwrap()
+        } else {
+            let t = &model.graph.initializers[&v.name];
+            ArrayD::from_shape_vec(IxDyn(t.dims()), t.to_f32_vec().unwrap()).unwrap()
+        };
+        inputs.push((v.name.clone(), Value::F32(value)));
+    }
+    let tract = run_engine(&EngineKind::Tract, &bytes, &inputs);
+    let ort = run_engine(&EngineKind::Ort(Provider::Cpu), &bytes, &inputs);
+    assert_eq!(tract.len(), 1 + model.graph.initializers.len(), "{what}: the loss and every gradient");
+    for ((name, a), (name_b, b)) in tract.iter().zip(&ort) {
+        assert_eq!(name, name_b);
+        assert_eq!(a.shape(), b.shape(), "{what}: {name}: shapes differ");
+        let (u, v): (Vec<f64>, Vec<f64>) = (a.iter().copied().collect(), b.iter().copied().collect());
+        assert_close(&format!("{what}, tract vs ONNX Runtime"), name, &u, &v, 1e-4);
+        if name.starts_with("grad.") {
+            assert!(a.iter().any(|v| *v != 0.0), "{what}: {name} is all zeros");
+        }
+    }
+}
+
+#[test]
+fn symbolic_batch_cnn_gradients_agree_on_tract_and_onnx_runtime() {
+    let mut rng = Rng::new(51);
+    let proj = f32_tensor(&mut rng, &[1, 6, 1, 1], 1.0);
+    let nodes = vec![
+        Node::new("conv1", "Conv", &["x", "w1", "b1"], &["c1"]).with_attr("pads", ints(&[1, 1, 1, 1])),
+        Node::new("relu1", "Relu", &["c1"], &["r1"]),
+        Node::new("pool1", "MaxPool", &["r1"], &["p1"])
+            .with_attr("kernel_shape", ints(&[3, 3]))
+            .with_attr("strides", ints(&[2, 2]))
+            .with_attr("pads", ints(&[1, 1, 1, 1])),
+        Node::new("conv2", "Conv", &["p1", "w2", "b2"], &["c2"])
+            .with_attr("group", Attribute::Int(2))
+            .with_attr("strides", ints(&[2, 2]))
+            .with_attr("auto_pad", text("SAME_UPPER")),
+        Node::new("pool2", "MaxPool", &["c2"], &["p2"])
+            .with_attr("kernel_shape", ints(&[2, 2]))
+            .with_attr("strides", ints(&[2, 2])),
+        Node::new("conv3", "Conv", &["p2", "w3"], &["c3"])
+            .with_attr("group", Attribute::Int(6))
+            .with_attr("pads", ints(&[1, 1, 1, 1])),
+        Node::new("pool3", "AveragePool", &["c3"], &["a3"])
+            .with_attr("kernel_shape", ints(&[2, 2]))
+            .with_attr("pads", ints(&[1, 1, 0, 0])),
+        Node::new("gap", "GlobalAveragePool", &["a3"], &["g"]),
+        Node::new("proj_const", "Constant", &[], &["proj"]).with_attr("value", Attribute::Tensor(proj)),
+        Node::new("proj_mul", "Mul", &["g", "proj"], &["gp"]),
+        Node::new("loss_sum", "ReduceSum", &["gp"], &["objective"]).with_attr("keepdims", Attribute::Int(0)),
+    ];
+    let params: &[(&str, &[usize])] =
+        &[("w1", &[4, 3, 3, 3]), ("b1", &[4]), ("w2", &[6, 2, 3, 3]), ("b2", &[6]), ("w3", &[6, 1, 3, 3])];
+    let model = symbolic_batch_model(&[3, 10, 10], params, nodes, &mut rng);
+    symbolic_batch_engines_agree("CNN", &model, &mut rng);
+}
+
+/// A gradient that is a broadcast (a global pooling or a plain sum right after a layer)
+/// is where tract's optimizer rewrites most; every rule must still load and agree.
+#[test]
+fn broadcast_output_gradients_on_tract_and_onnx_runtime() {
+    let mut rng = Rng::new(52);
+    let sum =
+        |from: &str| Node::new("sum", "ReduceSum", &[from], &["objective"]).with_attr("keepdims", Attribute::Int(0));
+    let gap = |from: &str| Node::new("gap", "GlobalAveragePool", &[from], &["g"]);
+    let conv = |name: &str, x: &str, w: &str, y: &str| {
+        Node::new(name, "Conv", &[x, w], &[y]).with_attr("pads", ints(&[1, 1, 1, 1]))
+    };
+    let cases: Vec<Case<'_>> = vec![
+        ("conv → sum", vec![conv("c", "x", "w", "y"), sum("y")], vec![("w", &[4, 3, 3, 3])]),
+        ("conv → gap → sum", vec![conv("c", "x", "w", "y"), gap("y"), sum("g")], vec![("w", &[4, 3, 3, 3])]),
+        (
+            "conv → gap → tanh → sum",
+            vec![conv("c", "x", "w", "y"), gap("y"), Node::new("t", "Tanh", &["g"], &["t"]), sum("t")],
+            vec![("w", &[4, 3, 3, 3])],
+        ),
+        ("1×1 conv → sum", vec![Node::new("c", "Conv", &["x", "w"], &["y"]), sum("y")], vec![("w", &[5, 3, 1, 1])]),
+        (
+            "depthwise conv → sum",
+            vec![
+                Node::new("c", "Conv", &["x", "w"], &["y"])
+                    .with_attr("group", Attribute::Int(3))
+                    .with_attr("strides", ints(&[2, 2]))
+                    .with_attr("pads", ints(&[1, 1, 1, 1])),
+                sum("y"),
+            ],
+            vec![("w", &[3, 1, 3, 3])],
+        ),
+        (
+            "conv → conv → gap → sum",
+            vec![conv("c", "x", "w", "y"), conv("c2", "y", "w2", "z"), gap("z"), sum("g")],
+            vec![("w", &[4, 3, 3, 3]), ("w2", &[4, 4, 3, 3])],
+        ),
+        (
+            "conv → grouped conv → gap → sum",
+            vec![
+                conv("c", "x", "w", "y"),
+                conv("c2", "y", "w2", "z").with_attr("group", Attribute::Int(2)),
+                gap("z"),
+                sum("g"),
+            ],
+            vec![("w", &[4, 3, 3, 3]), ("w2", &[6, 2, 3, 3])],
+        ),
+        (
+            "conv → depthwise conv → gap → sum",
+            vec![
+                conv("c", "x", "w", "y"),
+                conv("c2", "y", "w2", "z").with_attr("group", Attribute::Int(4)),
+                gap("z"),
+                sum("g"),
+            ],
+            vec![("w", &[4, 3, 3, 3]), ("w2", &[8, 1, 3, 3])],
+        ),
+        (
+            "conv → max pool 3×3 → gap → sum",
+            vec![
+                conv("c", "x", "w", "y"),
+                Node::new("mp", "MaxPool", &["y"], &["z"])
+                    .with_attr("kernel_shape", ints(&[3, 3]))
+                    .with_attr("strides", ints(&[2, 2])),
+                gap("z"),
+                sum("g"),
+            ],
+            vec![("w", &[4, 3, 3, 3])],
+        ),
+        (
+            "conv → max pool 2×2 → sum",
+            vec![
+                conv("c", "x", "w", "y"),
+                Node::new("mp", "MaxPool", &["y"], &["z"])
+                    .with_attr("kernel_shape", ints(&[2, 2]))
+                    .with_attr("strides", ints(&[2, 2])),
+                sum("z"),
+            ],
+            vec![("w", &[4, 3, 3, 3])],
+        ),
+        (
+            "conv → average pool → gap → sum",
+            vec![
+                conv("c", "x", "w", "y"),
+                Node::new("ap", "AveragePool", &["y"], &["z"])
+                    .with_attr("kernel_shape", ints(&[3, 3]))
+                    .with_attr("pads", ints(&[1, 1, 1, 1])),
+                gap("z"),
+                sum("g"),
+            ],
+            vec![("w", &[4, 3, 3, 3])],
+        ),
+        (
+            "conv → global max pool → sum",
+            vec![conv("c", "x", "w", "y"), Node::new("gmp", "GlobalMaxPool", &["y"], &["g"]), sum("g")],
+            vec![("w", &[4, 3, 3, 3])],
+        ),
+    ];
+    for (what, nodes, params) in cases {
+        let model = symbolic_batch_model(&[3, 8, 8], &params, nodes, &mut rng);
+        symbolic_batch_engines_agree(what, &model, &mut rng);
+    }
+}
+
+/// Runs a graph; every output as f64.
+fn run_engine(kind: &EngineKind, bytes: &[u8], inputs: &[(String, Value)]) -> Vec<(String, ArrayD<f64>)> {
+    let mut session = edgefreeze_engine::load(kind, bytes, &EngineOptions::default())
+        .unwrap_or_else(|e| panic!("{kind} cannot load the gradient graph: {e}"));
+    let refs: Vec<(&str, &Value)> = inputs.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let out = session.run(&refs).unwrap_or_else(|e| panic!("{kind} cannot run the gradient graph: {e}"));
+    let as_f64 = |v: Value| match v {
+        Value::F32(a) => a.mapv(f64::from),
+        Value::F64(a) => a,
+        other => panic!("{kind}: a non-float output {other:?}"),
+    };
+    session.output_names().iter().cloned().zip(out.into_iter().map(as_f64)).collect()
+}

@@ -1,0 +1,192 @@
+//! The emitted training graphs as files: standard ONNX only (the checker with full_check
+//! passes), the same outputs on ONNX Runtime, tract and the ONNX reference evaluator, and
+//! lean (no dead nodes, shared subexpressions merged).
+
+use edgefreeze_autodiff::artifacts::convert;
+use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec};
+use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
+use edgefreeze_graph::{Model, Tensor, import, save_model};
+use edgefreeze_tests::{models_dir, python_onnx, run_python, sidecars};
+use ndarray::{ArrayD, IxDyn};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn spec() -> TrainingSpec {
+    TrainingSpec {
+        loss: Loss::CrossEntropy { label_smoothing: 0.1 },
+        optimizer: Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
+        frozen: vec![],
+    }
+}
+
+#[test]
+fn every_emitted_graph_is_standard_onnx_and_passes_the_checker() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for s in sidecars() {
+        let model = import(&s.path).unwrap();
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
+        let stem = s.path.file_stem().unwrap().to_string_lossy().to_string();
+        for (kind, m) in
+            [("train_step", &artifacts.train_step), ("eval", &artifacts.eval), ("grad", &artifacts.gradient)]
+        {
+            assert!(
+                m.graph.nodes.iter().all(|n| n.domain.is_empty()) && m.opset_imports.iter().all(|(d, _)| d.is_empty()),
+                "{stem} {kind}: only the default ai.onnx domain"
+            );
+            let path = dir.path().join(format!("{stem}_{kind}.onnx"));
+            save_model(m, &path, &Default::default()).unwrap();
+            files.push(path);
+        }
+    }
+    if python_onnx() {
+        let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+        let out = run_python("check_model.py", &refs);
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), files.len(), "{out}");
+    }
+}
+
+#[test]
+fn training_graphs_are_lean() {
+    for s in sidecars() {
+        let model = import(&s.path).unwrap();
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
+        for m in [&artifacts.train_step, &artifacts.gradient, &artifacts.eval] {
+            // No dead nodes: removing dead nodes changes nothing.
+            let mut copy = m.graph.clone();
+            assert_eq!(copy.remove_dead_nodes(), 0, "{}: dead nodes", s.path.display());
+            // Shared subexpressions merged: merging again finds nothing.
+            assert_eq!(edgefreeze_graph::optimize::merge_common_subexpressions(&mut copy), 0, "{}", s.path.display());
+        }
+        // No forward value is recomputed: every forward node appears once in the training graph.
+        for node in &model.graph.nodes {
+            let copies = artifacts
+                .train_step
+                .graph
+                .nodes
+                .iter()
+                .filter(|n| n.op_type == node.op_type && n.inputs == node.inputs && n.attributes == node.attributes)
+                .count();
+            assert!(copies <= 1, "{}: node {} appears {copies} times", s.path.display(), node.name);
+        }
+    }
+}
+
+fn feeds_for(model: &Model, graph: &Model, batch: usize) -> HashMap<String, Value> {
+    let mut feeds = HashMap::new();
+    let mut seed = 7u64;
+    let mut next = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 33) as f64 / (1u64 << 31) as f64) as f32
+    };
+    for input in &graph.graph.inputs {
+        let dims: Vec<usize> = input.shape.as_ref().unwrap().iter().map(|d| d.fixed().unwrap_or(batch)).collect();
+        let n: usize = dims.iter().product();
+        let value = if let Some(t) = model.graph.initializers.get(&input.name) {
+            tensor_value(t)
+        } else {
+            match input.name.as_str() {
+                "labels" => {
+                    Value::I64(ArrayD::from_shape_vec(IxDyn(&dims), (0..n as i64).map(|i| i % 10).collect()).unwrap())
+                }
+                "lr" => Value::scalar_f32(0.1),
+                "step" => Value::scalar_i64(1),
+                _ if input.dtype == Some(edgefreeze_graph::DataType::Int64) => Value::I64(
+                    ArrayD::from_shape_vec(IxDyn(&dims), (0..n as i64).map(|i| (i * 37) % 4096).collect()).unwrap(),
+                ),
+                _ if input.name.starts_with("momentum.") => Value::F32(ArrayD::zeros(IxDyn(&dims))),
+                _ => Value::F32(
+                    ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|_| next() * 2.0 - 1.0).collect()).unwrap(),
+                ),
+            }
+        };
+        feeds.insert(input.name.clone(), value);
+    }
+    feeds
+}
+
+fn tensor_value(t: &Tensor) -> Value {
+    Value::F32(ArrayD::from_shape_vec(IxDyn(t.dims()), t.to_f32_vec().unwrap()).unwrap())
+}
+
+fn run(kind: &EngineKind, graph: &Model, feeds: &HashMap<String, Value>) -> HashMap<String, Vec<f64>> {
+    let bytes = edgefreeze_graph::save::encode_model(graph);
+    let mut session = edgefreeze_engine::load(kind, &bytes, &EngineOptions::default()).unwrap();
+    let names = session.input_names().to_vec();
+    let inputs: Vec<(&str, &Value)> = names.iter().map(|n| (n.as_str(), &feeds[n])).collect();
+    let outputs = session.run(&inputs).unwrap();
+    session.output_names().iter().cloned().zip(outputs.iter().map(values)).collect()
+}
+
+fn values(v: &Value) -> Vec<f64> {
+    match v {
+        Value::F32(a) => a.iter().map(|&x| x as f64).collect(),
+        Value::F64(a) => a.iter().copied().collect(),
+        Value::I64(a) => a.iter().map(|&x| x as f64).collect(),
+        Value::Bool(a) => a.iter().map(|&x| x as u8 as f64).collect(),
+    }
+}
+
+/// (‖a − b‖, ‖b‖).
+fn distance(a: &[f64], b: &[f64]) -> (f64, f64) {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    (diff, b.iter().map(|y| y * y).sum::<f64>().sqrt())
+}
+
+/// The reference evaluator's outputs for one input set, through tests/python/evaluate.py.
+fn reference(graph: &Model, feeds: &HashMap<String, Value>) -> HashMap<String, Vec<f64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let model_path = dir.path().join("model.onnx");
+    save_model(graph, &model_path, &Default::default()).unwrap();
+    let mut bundle = edgefreeze_graph::Graph::default();
+    for (name, v) in feeds {
+        let t = match v {
+            Value::F32(a) => Tensor::from_f32(a.shape().to_vec(), &a.iter().copied().collect::<Vec<_>>()).unwrap(),
+            Value::I64(a) => Tensor::from_i64(a.shape().to_vec(), &a.iter().copied().collect::<Vec<_>>()).unwrap(),
+            other => panic!("unexpected feed {other:?}"),
+        };
+        bundle.initializers.insert(format!("0:{name}"), t);
+    }
+    let inputs = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph: bundle, ..Default::default() };
+    let (inputs_path, outputs_path) = (dir.path().join("inputs.onnx"), dir.path().join("outputs.onnx"));
+    save_model(&inputs, &inputs_path, &Default::default()).unwrap();
+    run_python("evaluate.py", &[&model_path, &inputs_path, &outputs_path]);
+    let results = edgefreeze_graph::load_model(&outputs_path).unwrap();
+    results
+        .graph
+        .initializers
+        .iter()
+        .map(|(k, t)| (k.split_once(':').unwrap().1.to_string(), t.to_f64_vec().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_same_training_step_file_agrees_on_every_engine() {
+    let check_reference = python_onnx();
+    for name in ["lenet5.onnx", "resnet20_28.onnx", "transformer_text.onnx", "kws_m5.onnx"] {
+        let model = import(models_dir().join(name)).unwrap();
+        // SGD: Adam would blow the round-off noise of analytically zero gradients (the
+        // attention key bias) up to full-size steps that differ between engines.
+        let sgd =
+            TrainingSpec { optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 }, ..spec() };
+        let artifacts = convert(&model, name, &sgd, 0, ("ce", "sgd", 0.1)).unwrap();
+        let graph = &artifacts.train_step;
+        let feeds = feeds_for(&model, graph, 4);
+        let ort = run(&EngineKind::Ort(Provider::Cpu), graph, &feeds);
+        let tract = run(&EngineKind::Tract, graph, &feeds);
+        let mut engines = vec![("tract", tract)];
+        if check_reference {
+            engines.push(("onnx.reference", reference(graph, &feeds)));
+        }
+        for (engine, outputs) in &engines {
+            for (output, expected) in &ort {
+                let (diff, norm) = distance(&outputs[output], expected);
+                assert!(
+                    diff <= 1e-4 * norm + 1e-6,
+                    "{name}: {output} on {engine} differs from ONNX Runtime by {diff:.2e} (norm {norm:.2e})"
+                );
+            }
+        }
+    }
+}
