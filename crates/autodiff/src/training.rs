@@ -113,12 +113,29 @@ pub fn check_trainable(model: &Model, names: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// An emitter whose fresh names avoid every name of the model and of the graphs' interface.
+fn emitter_for(model: &Model, trainable: &[String]) -> Emitter {
+    let graph = &model.graph;
+    let taken: HashSet<String> = graph
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().chain(std::iter::once(&n.name)))
+        .chain(graph.initializers.keys())
+        .chain(graph.inputs.iter().map(|v| &v.name))
+        .cloned()
+        .collect();
+    let mut e = Emitter::new(taken, float_type(model, trainable), model.opset());
+    for reserved in [LOSS, CORRECT, LABELS, LEARNING_RATE, STEP, DROPOUT_SEED] {
+        e.reserve(reserved);
+    }
+    e
+}
+
 fn float_type(model: &Model, trainable: &[String]) -> DataType {
     trainable.first().and_then(|p| model.graph.initializers.get(p)).map_or(DataType::Float32, |t| t.dtype())
 }
 
-fn batch_dim(model: &Model, inference: &Inference, output: &str) -> Dim {
-    let _ = model;
+fn batch_dim(inference: &Inference, output: &str) -> Dim {
     inference.typed(output).and_then(|(_, s)| s.first().cloned()).unwrap_or(Dim::Unknown)
 }
 
@@ -144,7 +161,7 @@ fn labels_info(loss: &Loss, model: &Model, inference: &Inference) -> Result<Opti
             if !(0.0..1.0).contains(label_smoothing) {
                 return Err(AutodiffError::Loss(format!("label smoothing {label_smoothing} is not in [0, 1)")));
             }
-            Some(ValueInfo::new(LABELS, DataType::Int64, vec![batch_dim(model, inference, out)]))
+            Some(ValueInfo::new(LABELS, DataType::Int64, vec![batch_dim(inference, out)]))
         }
         Loss::MeanSquaredError => Some(ValueInfo::new(LABELS, dtype, shape)),
         Loss::Output => {
@@ -172,18 +189,7 @@ fn differentiate(model: &Model, loss: &Loss, trainable: &[String]) -> Result<Dif
     let graph = &model.graph;
     let inference = infer(graph, model.opset())?;
     let labels = labels_info(loss, model, &inference)?;
-    let taken: HashSet<String> = graph
-        .nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter().chain(std::iter::once(&n.name)))
-        .chain(graph.initializers.keys())
-        .chain(graph.inputs.iter().map(|v| &v.name))
-        .cloned()
-        .collect();
-    let mut e = Emitter::new(taken, float_type(model, trainable), model.opset());
-    for reserved in [LOSS, CORRECT, LABELS, LEARNING_RATE, STEP, DROPOUT_SEED] {
-        e.reserve(reserved);
-    }
+    let mut e = emitter_for(model, trainable);
     let forward = rewrite_for_training(&graph.nodes, &inference, &mut e)?;
     let output = graph.outputs[0].name.clone();
     let values = emit_loss(loss, &output, &mut e);
@@ -299,7 +305,6 @@ pub fn gradient_graph(model: &Model, loss: &Loss, frozen: &[String]) -> Result<M
     let mut bindings = vec![(d.loss.clone(), LOSS.to_string())];
     bindings.extend(split.trainable.iter().zip(&d.grads).map(|(p, g)| (g.clone(), grad_name(p))));
     let moved: HashSet<String> = split.trainable.iter().cloned().collect();
-    let _ = &d.emitter;
     assemble(model, "gradient", d.nodes, inputs, bindings, &moved)
 }
 
@@ -358,18 +363,7 @@ pub fn eval_graph(model: &Model, loss: &Loss) -> Result<Model> {
     let inference = infer(graph, model.opset())?;
     let labels = labels_info(loss, model, &inference)?;
     let split = split_parameters(model, &[])?;
-    let taken: HashSet<String> = graph
-        .nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter().chain(std::iter::once(&n.name)))
-        .chain(graph.initializers.keys())
-        .chain(graph.inputs.iter().map(|v| &v.name))
-        .cloned()
-        .collect();
-    let mut e = Emitter::new(taken, float_type(model, &split.trainable), model.opset());
-    for reserved in [LOSS, CORRECT, LABELS] {
-        e.reserve(reserved);
-    }
+    let mut e = emitter_for(model, &split.trainable);
     let output = graph.outputs[0].name.clone();
     let values = emit_loss(loss, &output, &mut e);
     let mut nodes: Vec<Node> = graph

@@ -32,6 +32,14 @@ fn concat_split_and_slice() {
     let split = Node::new("Split", "Split", &[], &["out0", "out1", "out2"]).with_attr("axis", Attribute::Int(1));
     check(split, vec![param(&mut rng, &[2, 6]), ints(&[1, 2, 3])], 17);
     check(op("Slice"), vec![param(&mut rng, &[4, 5]), ints(&[1, -3]), ints(&[3, 100]), ints(&[0, 1])], 17);
+    // Strided and reversed slices, as x[:, 1::2] and x[::-2] write them.
+    check(op("Slice"), vec![param(&mut rng, &[3, 7]), ints(&[1]), ints(&[100]), ints(&[1]), ints(&[2])], 17);
+    check(op("Slice"), vec![param(&mut rng, &[6, 3]), ints(&[-1]), ints(&[i64::MIN]), ints(&[0]), ints(&[-2])], 17);
+    check(
+        op("Slice"),
+        vec![param(&mut rng, &[2, 8, 5]), ints(&[0, 4]), ints(&[7, 0]), ints(&[1, 2]), ints(&[3, -3])],
+        17,
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use super::{InputGrads, RuleCx};
 use crate::error::Result;
 use edgefreeze_graph::DataType;
-use edgefreeze_graph::ir::{Attribute, Dim};
+use edgefreeze_graph::ir::Attribute;
 
 pub(super) const OPS: &[&str] =
     &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather", "Expand"];
@@ -98,7 +98,9 @@ fn const_ints(cx: &RuleCx<'_>, i: usize) -> Result<Option<Vec<i64>>> {
     }
 }
 
-/// Pads the gradient of a unit-step slice back to the input's shape.
+/// Scatters the gradient of a slice back to the input's shape, one sliced axis at a
+/// time: strided positions are made by interleaving zeros (Unsqueeze, Pad, Reshape),
+/// negative steps by reversing first, and the offset by padding.
 fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
     let shape = cx.shape(x)?;
     let rank = shape.len();
@@ -106,23 +108,61 @@ fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
     let ends = const_ints(cx, 2)?.unwrap_or_default();
     let axes = const_ints(cx, 3)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = const_ints(cx, 4)?.unwrap_or_else(|| vec![1; starts.len()]);
-    let mut pads = vec![0i64; 2 * rank];
+    let mut grad = dy.to_string();
+    // The gradient's current shape: the slice's output shape, widened axis by axis.
+    let mut current = cx.shape(cx.y(0))?;
     for k in 0..starts.len() {
-        if steps[k] != 1 {
-            return Err(cx.err("the gradient of Slice is implemented for unit steps only"));
-        }
         let axis = if axes[k] < 0 { axes[k] + rank as i64 } else { axes[k] } as usize;
-        let size = match shape[axis] {
-            Dim::Fixed(n) => n as i64,
-            _ => return Err(cx.err("sliced axes must have a known size")),
+        let size = shape[axis].fixed().ok_or_else(|| cx.err("sliced axes must have a known size"))? as i64;
+        let (first, _, len) = edgefreeze_graph::infer::slice_bounds(starts[k], ends[k], steps[k], size);
+        let len = len as i64;
+        let pad_axis = |cx: &mut RuleCx<'_>, g: &str, rank: usize, axis: usize, begin: i64, end: i64| -> String {
+            let mut pads = vec![0i64; 2 * rank];
+            pads[axis] = begin;
+            pads[axis + rank] = end;
+            let pads = cx.e.ints(&pads);
+            cx.e.op("Pad", &[g, &pads], vec![])
         };
-        let clamp = |v: i64| (if v < 0 { v + size } else { v }).clamp(0, size);
-        let (s, e) = (clamp(starts[k]), clamp(ends[k]).max(clamp(starts[k])));
-        pads[axis] = s;
-        pads[axis + rank] = size - e;
+        if len == 0 {
+            // Nothing was selected: the gradient is zeros of the input's size on this axis.
+            let scaled = cx.e.scale(&grad, 0.0);
+            grad = pad_axis(cx, &scaled, rank, axis, 0, size);
+            current[axis] = edgefreeze_graph::ir::Dim::Fixed(size as usize);
+            continue;
+        }
+        let (lowest, stride) = if steps[k] > 0 {
+            (first, steps[k])
+        } else {
+            // Reverse so positions ascend, then scatter with the positive stride.
+            let (s, e, st, a) = (cx.e.ints(&[-1]), cx.e.ints(&[i64::MIN]), cx.e.ints(&[-1]), cx.e.ints(&[axis as i64]));
+            grad = cx.e.op("Slice", &[&grad, &s, &e, &a, &st], vec![]);
+            (first + (len - 1) * steps[k], -steps[k])
+        };
+        let mut span = len;
+        if stride > 1 {
+            let widened = cx.e.unsqueeze(&grad, &[axis as i64 + 1]);
+            let interleaved = pad_axis(cx, &widened, rank + 1, axis + 1, 0, stride - 1);
+            let mut target: Vec<i64> = Vec::with_capacity(rank);
+            for (j, d) in current.iter().enumerate() {
+                target.push(match j {
+                    j if j == axis => len * stride,
+                    j if j < axis => 0,
+                    _ => d.fixed().ok_or_else(|| cx.err("axes after a strided slice must have known sizes"))? as i64,
+                });
+            }
+            grad = cx.e.reshape(&interleaved, &target);
+            span = len * stride;
+        }
+        let end_pad = size - lowest - span;
+        grad = pad_axis(cx, &grad, rank, axis, lowest, end_pad.max(0));
+        if end_pad < 0 {
+            // The last stride's trailing zeros run past the input: cut them.
+            let (s, e, a) = (cx.e.ints(&[0]), cx.e.ints(&[size]), cx.e.ints(&[axis as i64]));
+            grad = cx.e.op("Slice", &[&grad, &s, &e, &a], vec![]);
+        }
+        current[axis] = edgefreeze_graph::ir::Dim::Fixed(size as usize);
     }
-    let pads = cx.e.ints(&pads);
-    Ok(cx.e.op("Pad", &[dy, &pads], vec![]))
+    Ok(grad)
 }
 
 /// The gradient of an embedding lookup along axis 0: one-hot rows times the output gradient.

@@ -316,7 +316,7 @@ fn factor(dims: &[Dim]) -> (usize, Vec<String>, bool) {
 }
 
 /// Resolved (start, end, step) of a slice along one axis of known size, per ONNX's rules.
-pub(crate) fn slice_bounds(start: i64, end: i64, step: i64, size: i64) -> (i64, i64, usize) {
+pub fn slice_bounds(start: i64, end: i64, step: i64, size: i64) -> (i64, i64, usize) {
     if size <= 0 || step == 0 {
         return (0, 0, 0);
     }

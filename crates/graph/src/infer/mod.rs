@@ -9,6 +9,7 @@ mod linear;
 mod spatial;
 
 pub use broadcast::{broadcast_dims, broadcast_index_map, broadcast_shapes};
+pub use layout::slice_bounds;
 pub use spatial::Window;
 
 use crate::dtype::DataType;
