@@ -184,26 +184,25 @@ pub fn check_tolerance(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut
     // runs in Python; tract has f64 kernels but computes some ops (Sqrt, reductions) with
     // about 1e-10 relative error, too coarse for central differences, so it comes last.
     let mut failures = Vec::new();
-    let mut chosen = None;
-    match edgefreeze_engine::load(&EngineKind::Ort(edgefreeze_engine::Provider::Cpu), &bytes, &EngineOptions::default())
-    {
+    let mut attempt = |kind: EngineKind| match edgefreeze_engine::load(&kind, &bytes, &EngineOptions::default()) {
         Ok(mut s) => match run(&mut s, &params) {
-            Ok(out) => chosen = Some((s, out)),
-            Err(e) => failures.push(format!("ort: {e}")),
+            Ok(out) => Some((s, out)),
+            Err(e) => {
+                failures.push(format!("{kind}: {e}"));
+                None
+            }
         },
-        Err(e) => failures.push(format!("ort: {e}")),
-    }
+        Err(e) => {
+            failures.push(format!("{kind}: {e}"));
+            None
+        }
+    };
+    let mut chosen = attempt(EngineKind::Ort(edgefreeze_engine::Provider::Cpu));
     if chosen.is_none() && python_reference_available() {
         return check_on_reference(&op, &grad, &params, tol);
     }
     if chosen.is_none() {
-        match edgefreeze_engine::load(&EngineKind::Tract, &bytes, &EngineOptions::default()) {
-            Ok(mut s) => match run(&mut s, &params) {
-                Ok(out) => chosen = Some((s, out)),
-                Err(e) => failures.push(format!("tract: {e}")),
-            },
-            Err(e) => failures.push(format!("tract: {e}")),
-        }
+        chosen = attempt(EngineKind::Tract);
     }
     let Some((mut session, base)) = chosen else { panic!("{op}: no engine runs the f64 gradient graph: {failures:?}") };
     let names: Vec<String> = session.output_names().to_vec();
