@@ -97,8 +97,6 @@ fn register_provider(
     provider: Provider,
     library: &Path,
 ) -> Result<ort::session::builder::SessionBuilder, EngineError> {
-    #[cfg(any(feature = "cuda", feature = "xnnpack"))]
-    use ort::ep::ExecutionProvider;
     let unavailable = |name: &str, hint: &str| EngineError::ProviderUnavailable {
         provider: name.into(),
         library: library.display().to_string(),
@@ -106,49 +104,49 @@ fn register_provider(
     };
     match provider {
         Provider::Cpu => Ok(builder),
-        Provider::Cuda => {
-            #[cfg(feature = "cuda")]
-            {
-                let ep = ort::ep::CUDA::default();
-                if !ep.is_available().unwrap_or(false) {
-                    return Err(unavailable(
-                        "CUDA",
-                        "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels",
-                    ));
-                }
-                builder.with_execution_providers([ep.build().error_on_failure()]).map_err(ort_err)
-            }
-            #[cfg(not(feature = "cuda"))]
-            {
-                let _ = builder;
-                Err(unavailable(
-                    "CUDA",
-                    "this edgefreeze was built without the `cuda` cargo feature; rebuild with --features cuda",
-                ))
-            }
-        }
-        Provider::Xnnpack => {
-            #[cfg(feature = "xnnpack")]
-            {
-                let ep = ort::ep::XNNPACK::default();
-                if !ep.is_available().unwrap_or(false) {
-                    return Err(unavailable(
-                        "XNNPACK",
-                        "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)",
-                    ));
-                }
-                builder.with_execution_providers([ep.build().error_on_failure()]).map_err(ort_err)
-            }
-            #[cfg(not(feature = "xnnpack"))]
-            {
-                let _ = builder;
-                Err(unavailable(
-                    "XNNPACK",
-                    "this edgefreeze was built without the `xnnpack` cargo feature; rebuild with --features xnnpack",
-                ))
-            }
+        #[cfg(feature = "cuda")]
+        Provider::Cuda => with_provider(
+            builder,
+            ort::ep::CUDA::default(),
+            unavailable("CUDA", "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels"),
+        ),
+        #[cfg(feature = "xnnpack")]
+        Provider::Xnnpack => with_provider(
+            builder,
+            ort::ep::XNNPACK::default(),
+            unavailable("XNNPACK", "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)"),
+        ),
+        #[allow(unreachable_patterns)] // reachable when a provider's cargo feature is off
+        other => {
+            let (name, feature) = match other {
+                Provider::Cuda => ("CUDA", "cuda"),
+                _ => ("XNNPACK", "xnnpack"),
+            };
+            Err(unavailable(
+                name,
+                &format!(
+                    "this edgefreeze was built without the `{feature}` cargo feature; rebuild with --features {feature}"
+                ),
+            ))
         }
     }
+}
+
+/// Registers a provider, failing (never falling back to CPU) when the loaded library lacks it.
+#[cfg(any(feature = "cuda", feature = "xnnpack"))]
+fn with_provider<E>(
+    builder: ort::session::builder::SessionBuilder,
+    provider: E,
+    unavailable: EngineError,
+) -> Result<ort::session::builder::SessionBuilder, EngineError>
+where
+    E: ort::ep::ExecutionProvider + Into<ort::ep::ExecutionProviderDispatch>,
+{
+    if !E::is_available().unwrap_or(false) {
+        return Err(unavailable);
+    }
+    let dispatch: ort::ep::ExecutionProviderDispatch = provider.into();
+    builder.with_execution_providers([dispatch.error_on_failure()]).map_err(ort_err)
 }
 
 impl Session for OrtSession {

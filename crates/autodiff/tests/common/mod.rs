@@ -206,39 +206,16 @@ pub fn check_tolerance(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut
     }
     let Some((mut session, base)) = chosen else { panic!("{op}: no engine runs the f64 gradient graph: {failures:?}") };
     let names: Vec<String> = session.output_names().to_vec();
-    let run = |session: &mut Box<dyn edgefreeze_engine::Session>,
-               values: &[(String, Vec<usize>, Vec<f64>)]|
-     -> Vec<Value> { run(session, values).unwrap_or_else(|e| panic!("{op}: run failed: {e}")) };
-    let loss_at =
-        |session: &mut Box<dyn edgefreeze_engine::Session>, values: &[(String, Vec<usize>, Vec<f64>)]| -> f64 {
-            let out = run(session, values);
-            let i = names.iter().position(|n| n == "loss").unwrap();
-            out[i].as_f64().unwrap().iter().copied().next().unwrap()
-        };
-    let h = tol.h;
-    for (p, (name, _, values)) in params.iter().enumerate() {
-        let gi = names
-            .iter()
-            .position(|n| *n == format!("grad.{name}"))
-            .unwrap_or_else(|| panic!("{op}: no gradient for {name}"));
-        let analytic: Vec<f64> = base[gi].as_f64().unwrap().iter().copied().collect();
-        assert_eq!(analytic.len(), values.len(), "{op}: gradient of {name} has the wrong size");
-        // Every element of small tensors, a spread of them for larger ones.
-        let step = (values.len() / 24).max(1);
-        for k in (0..values.len()).step_by(step) {
-            let mut plus = params.clone();
-            plus[p].2[k] += h;
-            let mut minus = params.clone();
-            minus[p].2[k] -= h;
-            let numeric = (loss_at(&mut session, &plus) - loss_at(&mut session, &minus)) / (2.0 * h);
-            let tolerance = tol.abs + tol.rel * numeric.abs().max(analytic[k].abs());
-            assert!(
-                (numeric - analytic[k]).abs() <= tolerance,
-                "{op}: d loss / d {name}[{k}]: analytic {} vs finite difference {numeric}",
-                analytic[k]
-            );
-        }
-    }
+    let output = |out: &[Value], name: &str| -> Vec<f64> {
+        let i = names.iter().position(|n| n == name).unwrap_or_else(|| panic!("{op}: no output {name}"));
+        out[i].as_f64().unwrap().iter().copied().collect()
+    };
+    let (sets, probes) = probe_sets(&params, tol.h);
+    let losses: Vec<f64> = sets
+        .iter()
+        .map(|set| output(&run(&mut session, set).unwrap_or_else(|e| panic!("{op}: run failed: {e}")), "loss")[0])
+        .collect();
+    compare(&op, &params, tol, &probes, &losses, |name| output(&base, &format!("grad.{name}")), "");
 }
 
 /// Whether `python3` can import onnx's reference evaluator.
@@ -296,9 +273,10 @@ fn tempfile_dir() -> std::path::PathBuf {
     dir
 }
 
-/// The finite-difference comparison, with every evaluation done by the reference evaluator in one call.
-fn check_on_reference(op: &str, grad: &Model, params: &ParamSet, tol: Tolerance) {
-    let h = tol.h;
+/// The parameter sets of a central-difference check: the unperturbed set first, then a
+/// +h and a −h set for each probed element (every element of small tensors, a spread of
+/// them for larger ones). Probes are (parameter, element, index of its +h set).
+fn probe_sets(params: &ParamSet, h: f64) -> (Vec<ParamSet>, Vec<(usize, usize, usize)>) {
     let mut sets = vec![params.clone()];
     let mut probes = Vec::new();
     for (p, (_, _, values)) in params.iter().enumerate() {
@@ -313,15 +291,48 @@ fn check_on_reference(op: &str, grad: &Model, params: &ParamSet, tol: Tolerance)
             sets.push(minus);
         }
     }
-    let outputs = reference_outputs(grad, &sets);
-    for (p, k, at) in probes {
+    (sets, probes)
+}
+
+/// Compares each probed analytic gradient element with the central difference of the
+/// losses of its ±h sets.
+fn compare(
+    op: &str,
+    params: &ParamSet,
+    tol: Tolerance,
+    probes: &[(usize, usize, usize)],
+    losses: &[f64],
+    analytic_of: impl Fn(&str) -> Vec<f64>,
+    engine: &str,
+) {
+    let analytic: Vec<Vec<f64>> = params.iter().map(|(name, _, _)| analytic_of(name)).collect();
+    for ((name, _, values), a) in params.iter().zip(&analytic) {
+        assert_eq!(a.len(), values.len(), "{op}: gradient of {name} has the wrong size");
+    }
+    for &(p, k, at) in probes {
         let name = &params[p].0;
-        let analytic = outputs[0][&format!("grad.{name}")][k];
-        let numeric = (outputs[at]["loss"][0] - outputs[at + 1]["loss"][0]) / (2.0 * h);
+        let analytic = analytic[p][k];
+        let numeric = (losses[at] - losses[at + 1]) / (2.0 * tol.h);
         let tolerance = tol.abs + tol.rel * numeric.abs().max(analytic.abs());
         assert!(
             (numeric - analytic).abs() <= tolerance,
-            "{op}: d loss / d {name}[{k}]: analytic {analytic} vs finite difference {numeric} (reference evaluator)"
+            "{op}: d loss / d {name}[{k}]: analytic {analytic} vs finite difference {numeric}{engine}"
         );
     }
+}
+
+/// The finite-difference comparison, with every evaluation done by the reference evaluator in one call.
+fn check_on_reference(op: &str, grad: &Model, params: &ParamSet, tol: Tolerance) {
+    let (sets, probes) = probe_sets(params, tol.h);
+    let outputs = reference_outputs(grad, &sets);
+    let losses: Vec<f64> = outputs.iter().map(|o| o["loss"][0]).collect();
+    compare(
+        op,
+        params,
+        tol,
+        &probes,
+        &losses,
+        |name| outputs[0][&format!("grad.{name}")].clone(),
+        " (reference evaluator)",
+    );
 }
