@@ -25,6 +25,9 @@ pub mod files {
     pub const STATE: &str = "state.safetensors";
     /// The manifest.
     pub const MANIFEST: &str = "manifest.json";
+    /// The inference model the graphs were built from (as imported), which `export`
+    /// fills with trained weights.
+    pub const FORWARD: &str = "model.onnx";
 }
 
 /// A graph input or output as the manifest lists it.
@@ -103,6 +106,8 @@ pub struct Manifest {
 
 /// The converted set, in memory.
 pub struct Artifacts {
+    /// The inference model, as imported.
+    pub forward: Model,
     /// Training-step graph.
     pub train_step: Model,
     /// Eval graph.
@@ -221,7 +226,7 @@ pub fn convert(
         state: entries,
         analysis: serde_json::to_value(&analysis).map_err(|e| AutodiffError::Config(e.to_string()))?,
     };
-    Ok(Artifacts { train_step, eval, gradient, state, manifest })
+    Ok(Artifacts { forward: model.clone(), train_step, eval, gradient, state, manifest })
 }
 
 /// Serialises state tensors to safetensors bytes.
@@ -249,6 +254,7 @@ impl Artifacts {
             AutodiffError::Graph(edgefreeze_graph::GraphError::Io { action: "create", path: dir.into(), source })
         })?;
         let options = SaveOptions::default();
+        save_model(&self.forward, dir.join(files::FORWARD), &options)?;
         save_model(&self.train_step, dir.join(files::TRAIN_STEP), &options)?;
         save_model(&self.eval, dir.join(files::EVAL), &options)?;
         save_model(&self.gradient, dir.join(files::GRADIENT), &options)?;

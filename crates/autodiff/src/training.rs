@@ -6,7 +6,7 @@ use crate::error::{AutodiffError, Result};
 use crate::grad::backward;
 use crate::loss::{LABELS, Loss, emit_loss};
 use crate::optim::{LEARNING_RATE, Optimizer, STEP, emit_update};
-use crate::training_mode::{DROPOUT_SEED, rewrite_for_training};
+use crate::training_mode::{DROPOUT_SEED, batch_norm_inference, rewrite_for_training};
 use edgefreeze_graph::analysis::{buffer_names, parameter_names};
 use edgefreeze_graph::infer::{Inference, infer};
 use edgefreeze_graph::ir::{Dim, Graph, Model, Node, ValueInfo, fixed_shape};
@@ -357,7 +357,8 @@ pub fn training_step_graph(model: &Model, spec: &TrainingSpec) -> Result<Model> 
 }
 
 /// (inputs, labels, parameters, running statistics) → (loss, correct predictions, the
-/// model's output), with BatchNorm in inference mode and Dropout off.
+/// model's output), with BatchNorm in inference mode (spelled out in primitive ops, since
+/// its statistics are inputs) and Dropout off.
 pub fn eval_graph(model: &Model, loss: &Loss) -> Result<Model> {
     let graph = &model.graph;
     let inference = infer(graph, model.opset())?;
@@ -365,18 +366,20 @@ pub fn eval_graph(model: &Model, loss: &Loss) -> Result<Model> {
     let split = split_parameters(model, &[])?;
     let mut e = emitter_for(model, &split.trainable);
     let output = graph.outputs[0].name.clone();
-    let values = emit_loss(loss, &output, &mut e);
-    let mut nodes: Vec<Node> = graph
-        .nodes
-        .iter()
-        .map(|n| {
-            if n.op_type == "Dropout" {
-                Node::new(n.name.clone(), "Identity", &[&n.inputs[0]], &[&n.outputs[0]])
-            } else {
-                n.clone()
+    let mut nodes: Vec<Node> = Vec::with_capacity(graph.nodes.len());
+    for n in &graph.nodes {
+        match n.op_type.as_str() {
+            "Dropout" => nodes.push(Node::new(n.name.clone(), "Identity", &[&n.inputs[0]], &[&n.outputs[0]])),
+            "BatchNormalization" => {
+                e.set_prefix(&n.name);
+                batch_norm_inference(n, &inference, &mut e)?;
+                e.set_prefix("");
+                nodes.append(&mut e.nodes);
             }
-        })
-        .collect();
+            _ => nodes.push(n.clone()),
+        }
+    }
+    let values = emit_loss(loss, &output, &mut e);
     nodes.append(&mut e.nodes);
     let mut inputs = graph.inputs.clone();
     inputs.extend(labels);

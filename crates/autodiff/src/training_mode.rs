@@ -71,16 +71,21 @@ fn normalize(e: &mut Emitter, x: &str, axes: &[i64], eps: f64) -> (String, Strin
     (e.div(&centered, &std), mean, var)
 }
 
-fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec<(String, String)>) -> Result<()> {
-    let [x, scale, bias, running_mean, running_var] =
-        [0, 1, 2, 3, 4].map(|i| node.input(i).map(String::from).unwrap_or_default());
-    if [&x, &scale, &bias, &running_mean, &running_var].iter().any(|s| s.is_empty()) {
+/// The five inputs of a BatchNormalization (x, scale, bias, mean, variance) and the rank of x.
+fn batch_norm_inputs(node: &Node, types: &Inference) -> Result<([String; 5], usize)> {
+    let inputs = [0, 1, 2, 3, 4].map(|i| node.input(i).map(String::from).unwrap_or_default());
+    if inputs.iter().any(|s| s.is_empty()) {
         return Err(AutodiffError::node(node, "BatchNormalization needs all five inputs"));
     }
-    let rank = rank_of(node, types, &x)?;
+    let rank = rank_of(node, types, &inputs[0])?;
     if rank < 2 {
         return Err(AutodiffError::node(node, "BatchNormalization input must be N×C×..."));
     }
+    Ok((inputs, rank))
+}
+
+fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec<(String, String)>) -> Result<()> {
+    let ([x, scale, bias, running_mean, running_var], rank) = batch_norm_inputs(node, types)?;
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let momentum = node.attr_float("momentum", 0.9)? as f64;
     let axes: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
@@ -107,6 +112,27 @@ fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec
         let updated = e.op("Add", &[&kept, &fresh], vec![]);
         updates.push((running.clone(), updated));
     }
+    Ok(())
+}
+
+/// BatchNormalization in inference mode, spelled out in primitive ops:
+/// `(x - mean) / sqrt(var + eps) * scale + bias` with the running statistics. The eval
+/// graph takes the statistics as inputs, and engines such as tract only run a fused
+/// BatchNormalization whose statistics are constants.
+pub fn batch_norm_inference(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
+    let ([x, scale, bias, mean, var], rank) = batch_norm_inputs(node, types)?;
+    let eps = node.attr_float("epsilon", 1e-5)? as f64;
+    let spatial: Vec<i64> = (1..rank as i64 - 1).collect();
+    let [scale, bias, mean, var] =
+        [scale, bias, mean, var].map(|v| if spatial.is_empty() { v } else { e.unsqueeze(&v, &spatial) });
+    let epsilon = e.scalar(eps);
+    let shifted = e.add(&var, &epsilon);
+    let std = e.op("Sqrt", &[&shifted], vec![]);
+    let centered = e.sub(&x, &mean);
+    let normalized = e.div(&centered, &std);
+    let scaled = e.mul(&normalized, &scale);
+    let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
+    e.op_into("Add", &[&scaled, &bias], &[y], vec![]);
     Ok(())
 }
 

@@ -56,7 +56,8 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     let ops: Vec<String> = m.train_step.ops.iter().map(|(op, n)| format!("{op}×{n}")).collect();
     println!("  ops in {}: {}", files::TRAIN_STEP, ops.join(" "));
     println!(
-        "  wrote {}, {}, {}, {}, {}",
+        "  wrote {}, {}, {}, {}, {}, {}",
+        files::FORWARD,
         files::TRAIN_STEP,
         files::EVAL,
         files::GRADIENT,

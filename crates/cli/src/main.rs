@@ -1,7 +1,10 @@
 //! `edgefreeze`: the command-line front end.
 
+mod bench;
 mod convert;
+mod export;
 mod inspect;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -21,6 +24,12 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Turn an inference model into training-step, eval and gradient graphs.
     Convert(convert::ConvertArgs),
+    /// Train a model on a dataset, with checkpoints, metrics and plots.
+    Train(train::TrainArgs),
+    /// Write an inference model with a checkpoint's trained weights.
+    Export(export::ExportArgs),
+    /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,6 +37,9 @@ fn main() -> std::process::ExitCode {
     let result: Result<()> = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Train(args) => train::run(&args),
+        Command::Export(args) => export::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

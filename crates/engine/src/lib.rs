@@ -10,9 +10,11 @@ mod error;
 pub mod ort_backend;
 pub mod tract_backend;
 mod value;
+pub mod workspace;
 
 pub use error::EngineError;
 pub use value::Value;
+pub use workspace::{GraphId, StateUpdates, Workspace, workspace};
 
 use std::path::PathBuf;
 

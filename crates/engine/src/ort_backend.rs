@@ -1,7 +1,12 @@
 //! The ONNX Runtime engine, loaded dynamically from the library of the PyPI wheel.
 
+use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, missing_input, missing_state};
 use crate::{EngineError, EngineOptions, Provider, Session, Value};
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::IoBinding;
 use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{DynTensorValueType, DynValue, Tensor};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -76,20 +81,27 @@ impl OrtSession {
     /// Creates a session with the chosen execution provider; fails, naming the library,
     /// when the provider is not in it.
     pub fn load(model: &[u8], provider: Provider, options: &EngineOptions) -> Result<OrtSession, EngineError> {
-        let (library, env) = init(options.ort_library.as_deref())?;
-        let threads = options.threads.unwrap_or_else(crate::default_threads);
-        let mut builder = ort::session::Session::builder(env)
-            .map_err(ort_err)?
-            .with_optimization_level(GraphOptimizationLevel::Level3)
-            .map_err(ort_err)?
-            .with_intra_threads(threads)
-            .map_err(ort_err)?;
-        builder = register_provider(builder, provider, library)?;
-        let session = builder.commit_from_memory(model).map_err(ort_err)?;
-        let inputs = session.inputs().iter().map(|o| o.name().to_string()).collect();
-        let outputs = session.outputs().iter().map(|o| o.name().to_string()).collect();
+        let (session, inputs, outputs) = build_session(model, provider, options)?;
         Ok(OrtSession { session, inputs, outputs })
     }
+}
+
+type Built = (ort::session::Session, Vec<String>, Vec<String>);
+
+fn build_session(model: &[u8], provider: Provider, options: &EngineOptions) -> Result<Built, EngineError> {
+    let (library, env) = init(options.ort_library.as_deref())?;
+    let threads = options.threads.unwrap_or_else(crate::default_threads);
+    let mut builder = ort::session::Session::builder(env)
+        .map_err(ort_err)?
+        .with_optimization_level(GraphOptimizationLevel::Level3)
+        .map_err(ort_err)?
+        .with_intra_threads(threads)
+        .map_err(ort_err)?;
+    builder = register_provider(builder, provider, library)?;
+    let session = builder.commit_from_memory(model).map_err(ort_err)?;
+    let inputs = session.inputs().iter().map(|o| o.name().to_string()).collect();
+    let outputs = session.outputs().iter().map(|o| o.name().to_string()).collect();
+    Ok((session, inputs, outputs))
 }
 
 fn register_provider(
@@ -174,21 +186,155 @@ impl Session for OrtSession {
             bound.push((name.as_str().into(), value));
         }
         let outputs = self.session.run(bound).map_err(ort_err)?;
-        let mut result = Vec::with_capacity(self.outputs.len());
-        for name in &self.outputs {
-            let v = &outputs[name.as_str()];
-            let bad = |e: ort::Error| EngineError::Value { name: name.clone(), message: e.to_string() };
-            let value = if let Ok(a) = v.try_extract_array::<f32>() {
-                Value::F32(a.to_owned())
-            } else if let Ok(a) = v.try_extract_array::<f64>() {
-                Value::F64(a.to_owned())
-            } else if let Ok(a) = v.try_extract_array::<i64>() {
-                Value::I64(a.to_owned())
-            } else {
-                Value::Bool(v.try_extract_array::<bool>().map_err(bad)?.to_owned())
-            };
-            result.push(value);
+        self.outputs.iter().map(|name| to_host(name, &outputs[name.as_str()])).collect()
+    }
+}
+
+/// Copies an ONNX Runtime value in host memory into a host tensor.
+fn to_host(name: &str, v: &DynValue) -> Result<Value, EngineError> {
+    let bad = |e: ort::Error| EngineError::Value { name: name.to_string(), message: e.to_string() };
+    Ok(if let Ok(a) = v.try_extract_array::<f32>() {
+        Value::F32(a.to_owned())
+    } else if let Ok(a) = v.try_extract_array::<f64>() {
+        Value::F64(a.to_owned())
+    } else if let Ok(a) = v.try_extract_array::<i64>() {
+        Value::I64(a.to_owned())
+    } else {
+        Value::Bool(v.try_extract_array::<bool>().map_err(bad)?.to_owned())
+    })
+}
+
+/// A host tensor as an owned ONNX Runtime value, taking its buffer.
+fn to_ort(name: &str, v: Value) -> Result<DynValue, EngineError> {
+    let bad = |e: ort::Error| EngineError::Value { name: name.to_string(), message: e.to_string() };
+    Ok(match v {
+        Value::F32(a) => Tensor::from_array(a).map_err(bad)?.into_dyn(),
+        Value::F64(a) => Tensor::from_array(a).map_err(bad)?.into_dyn(),
+        Value::I64(a) => Tensor::from_array(a).map_err(bad)?.into_dyn(),
+        Value::Bool(a) => Tensor::from_array(a).map_err(bad)?.into_dyn(),
+    })
+}
+
+/// Where a provider keeps tensors.
+fn device_of(provider: Provider) -> AllocationDevice<'static> {
+    match provider {
+        Provider::Cuda => AllocationDevice::CUDA,
+        Provider::Cpu | Provider::Xnnpack => AllocationDevice::CPU,
+    }
+}
+
+struct BoundGraph {
+    session: ort::session::Session,
+    binding: IoBinding,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    /// Where each output is to be allocated.
+    memory: Vec<MemoryInfo<'static>>,
+    updates: StateUpdates,
+}
+
+/// A [`Workspace`] on ONNX Runtime: state tensors are ONNX Runtime values on the
+/// provider's device, bound to each run with I/O binding; state outputs are bound to
+/// that device too, so parameters never come back to the host between steps.
+pub struct OrtWorkspace {
+    provider: Provider,
+    options: EngineOptions,
+    graphs: Vec<BoundGraph>,
+    store: HashMap<String, DynValue>,
+}
+
+impl OrtWorkspace {
+    /// An empty workspace on one provider; checks the library and the provider now.
+    pub fn new(provider: Provider, options: &EngineOptions) -> Result<OrtWorkspace, EngineError> {
+        init(options.ort_library.as_deref())?;
+        Ok(OrtWorkspace { provider, options: options.clone(), graphs: Vec::new(), store: HashMap::new() })
+    }
+
+    fn memory(&self, on_device: bool) -> Result<MemoryInfo<'static>, EngineError> {
+        let device = if on_device { device_of(self.provider) } else { AllocationDevice::CPU };
+        MemoryInfo::new(device, 0, AllocatorType::Device, MemoryType::Default).map_err(ort_err)
+    }
+}
+
+impl Workspace for OrtWorkspace {
+    fn load_graph(&mut self, model: &[u8], updates: StateUpdates) -> Result<GraphId, EngineError> {
+        let (session, inputs, outputs) = build_session(model, self.provider, &self.options)?;
+        check_updates(&updates, &outputs)?;
+        let binding = session.create_binding().map_err(ort_err)?;
+        let mut memory = Vec::new();
+        for name in &outputs {
+            memory.push(self.memory(updates.state_of(name).is_some())?);
         }
-        Ok(result)
+        self.graphs.push(BoundGraph { session, binding, inputs, outputs, memory, updates });
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    fn inputs(&self, graph: GraphId) -> &[String] {
+        &self.graphs[graph.0].inputs
+    }
+
+    fn outputs(&self, graph: GraphId) -> &[String] {
+        &self.graphs[graph.0].outputs
+    }
+
+    fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {
+        let mut v = to_ort(name, value)?;
+        let device = device_of(self.provider);
+        if device != AllocationDevice::CPU {
+            let tensor = v.downcast::<DynTensorValueType>().map_err(ort_err)?;
+            v = tensor.to(device, 0).map_err(ort_err)?.into_dyn();
+        }
+        self.store.insert(name.to_string(), v);
+        Ok(())
+    }
+
+    fn state(&self, name: &str) -> Result<Value, EngineError> {
+        let v = self.store.get(name).ok_or_else(|| missing_state(name))?;
+        if device_of(self.provider) == AllocationDevice::CPU {
+            return to_host(name, v);
+        }
+        let tensor = v.view().downcast::<DynTensorValueType>().map_err(ort_err)?;
+        to_host(name, &tensor.to(AllocationDevice::CPU, 0).map_err(ort_err)?.into_dyn())
+    }
+
+    fn state_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.store.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError> {
+        let g = &mut self.graphs[graph.0];
+        for name in &g.inputs {
+            match self.store.get(name) {
+                Some(v) => g.binding.bind_input(name.as_str(), v).map_err(ort_err)?,
+                None => {
+                    let (_, v) = inputs.iter().find(|(n, _)| n == name).ok_or_else(|| missing_input(name))?;
+                    let owned = to_ort(name, (*v).clone())?;
+                    g.binding.bind_input(name.as_str(), &owned).map_err(ort_err)?;
+                }
+            }
+        }
+        // Outputs are bound afresh for every run: a binding reuses the buffers of its
+        // previous outputs, and those are now state tensors this run reads.
+        g.binding.clear_outputs();
+        for (name, memory) in g.outputs.iter().zip(&g.memory) {
+            g.binding.bind_output_to_device(name.as_str(), memory).map_err(ort_err)?;
+        }
+        let mut outputs = g.session.run_binding(&g.binding).map_err(ort_err)?;
+        let mut host = Vec::new();
+        for name in &g.outputs {
+            let value = outputs.remove(name.as_str()).ok_or_else(|| EngineError::Value {
+                name: name.clone(),
+                message: "ONNX Runtime returned no value for this output".into(),
+            })?;
+            match g.updates.state_of(name) {
+                Some(state) => {
+                    self.store.insert(state.to_string(), value);
+                }
+                None => host.push((name.clone(), to_host(name, &value)?)),
+            }
+        }
+        Ok(host)
     }
 }

@@ -1,12 +1,21 @@
 //! The tract engine: pure Rust, no native library.
 
+use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, missing_input, missing_state};
 use crate::{EngineError, EngineOptions, Session, Value};
+use std::collections::HashMap;
+use tract_linalg::multithread::{Executor, multithread_tract_scope};
 use tract_onnx::prelude::*;
 
 type Plan = std::sync::Arc<TypedSimplePlan>;
 
 /// A graph optimised and compiled by tract.
 pub struct TractSession {
+    graph: Compiled,
+    executor: Executor,
+}
+
+/// A compiled plan with its input and output names.
+struct Compiled {
     plan: Plan,
     inputs: Vec<String>,
     outputs: Vec<String>,
@@ -16,40 +25,134 @@ fn err(e: impl std::fmt::Display) -> EngineError {
     EngineError::Tract(format!("{e:#}"))
 }
 
-impl TractSession {
-    /// Loads and optimises a model. Symbolic dimensions (the batch) stay symbolic and are
-    /// bound at each run.
-    pub fn load(model: &[u8], _options: &EngineOptions) -> Result<TractSession, EngineError> {
-        let inference = tract_onnx::onnx().model_for_read(&mut &*model).map_err(err)?;
-        let inputs =
-            inference.input_outlets().map_err(err)?.iter().map(|o| inference.node(o.node).name.clone()).collect();
-        let outputs = inference
-            .output_outlets()
-            .map_err(err)?
-            .iter()
-            .map(|o| {
-                inference.outlet_label(*o).map(String::from).unwrap_or_else(|| inference.node(o.node).name.clone())
-            })
-            .collect();
-        // tract's decluttering passes propagate "regions of interest" whose symbolic
-        // expressions grow exponentially on deep training graphs (a residual block per
-        // union), so training graphs are typed and code-generated without them.
-        let mut typed = inference.into_typed().map_err(err)?;
-        tract_onnx::tract_core::optim::Optimizer::codegen().optimize(&mut typed).map_err(err)?;
-        let plan = typed.into_runnable().map_err(err)?;
-        Ok(TractSession { plan, inputs, outputs })
+/// tract's executor for the configured thread count (default: the machine's cores).
+fn executor(options: &EngineOptions) -> Executor {
+    match options.threads.unwrap_or_else(crate::default_threads) {
+        0 | 1 => Executor::SingleThread,
+        n => Executor::multithread_with_name(n, "edgefreeze-tract"),
     }
 }
 
-fn to_tract(name: &str, v: &Value) -> Result<TValue, EngineError> {
+/// Loads and optimises a model. Symbolic dimensions (the batch) stay symbolic and are
+/// bound at each run.
+fn compile(model: &[u8]) -> Result<Compiled, EngineError> {
+    let inference = tract_onnx::onnx().model_for_read(&mut &*model).map_err(err)?;
+    let inputs = inference.input_outlets().map_err(err)?.iter().map(|o| inference.node(o.node).name.clone()).collect();
+    let outputs = inference
+        .output_outlets()
+        .map_err(err)?
+        .iter()
+        .map(|o| inference.outlet_label(*o).map(String::from).unwrap_or_else(|| inference.node(o.node).name.clone()))
+        .collect();
+    // tract's decluttering passes propagate "regions of interest" whose symbolic
+    // expressions grow exponentially on deep training graphs (a residual block per
+    // union), so training graphs are typed and code-generated without them.
+    let mut typed = inference.into_typed().map_err(err)?;
+    tract_onnx::tract_core::optim::Optimizer::codegen().optimize(&mut typed).map_err(err)?;
+    let plan = typed.into_runnable().map_err(err)?;
+    Ok(Compiled { plan, inputs, outputs })
+}
+
+impl Compiled {
+    fn run(&self, executor: &Executor, inputs: TVec<TValue>) -> Result<TVec<TValue>, EngineError> {
+        multithread_tract_scope(executor.clone(), || self.plan.run(inputs)).map_err(err)
+    }
+}
+
+impl TractSession {
+    /// Loads and optimises a model; runs use `options.threads` threads.
+    pub fn load(model: &[u8], options: &EngineOptions) -> Result<TractSession, EngineError> {
+        Ok(TractSession { graph: compile(model)?, executor: executor(options) })
+    }
+}
+
+/// A [`Workspace`] on tract: state tensors are shared tract values, moved from one
+/// run's outputs to the next run's inputs without a copy.
+pub struct TractWorkspace {
+    graphs: Vec<(Compiled, StateUpdates)>,
+    store: HashMap<String, TValue>,
+    executor: Executor,
+}
+
+impl TractWorkspace {
+    /// An empty workspace.
+    pub fn new(options: &EngineOptions) -> TractWorkspace {
+        TractWorkspace { graphs: Vec::new(), store: HashMap::new(), executor: executor(options) }
+    }
+}
+
+impl Workspace for TractWorkspace {
+    fn load_graph(&mut self, model: &[u8], updates: StateUpdates) -> Result<GraphId, EngineError> {
+        let compiled = compile(model)?;
+        check_updates(&updates, &compiled.outputs)?;
+        self.graphs.push((compiled, updates));
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    fn inputs(&self, graph: GraphId) -> &[String] {
+        &self.graphs[graph.0].0.inputs
+    }
+
+    fn outputs(&self, graph: GraphId) -> &[String] {
+        &self.graphs[graph.0].0.outputs
+    }
+
+    fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {
+        self.store.insert(name.to_string(), into_tract(value));
+        Ok(())
+    }
+
+    fn state(&self, name: &str) -> Result<Value, EngineError> {
+        from_tract(name, self.store.get(name).ok_or_else(|| missing_state(name))?)
+    }
+
+    fn state_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.store.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError> {
+        let (compiled, updates) = &self.graphs[graph.0];
+        let mut ordered = TVec::new();
+        for name in &compiled.inputs {
+            let value = match self.store.get(name) {
+                Some(v) => v.clone(),
+                None => {
+                    let (_, v) = inputs.iter().find(|(n, _)| n == name).ok_or_else(|| missing_input(name))?;
+                    to_tract(v)
+                }
+            };
+            ordered.push(value);
+        }
+        let outputs = compiled.run(&self.executor, ordered)?;
+        let mut host = Vec::new();
+        for (value, name) in outputs.into_iter().zip(&compiled.outputs) {
+            match updates.state_of(name) {
+                Some(state) => {
+                    self.store.insert(state.to_string(), value);
+                }
+                None => host.push((name.clone(), from_tract(name, &value)?)),
+            }
+        }
+        Ok(host)
+    }
+}
+
+/// A host tensor as a tract value (one copy).
+fn to_tract(v: &Value) -> TValue {
+    into_tract(v.clone())
+}
+
+/// A host tensor as a tract value, taking its buffer.
+fn into_tract(v: Value) -> TValue {
     let t: Tensor = match v {
-        Value::F32(a) => a.clone().into(),
-        Value::F64(a) => a.clone().into(),
-        Value::I64(a) => a.clone().into(),
-        Value::Bool(a) => a.clone().into(),
+        Value::F32(a) => a.into(),
+        Value::F64(a) => a.into(),
+        Value::I64(a) => a.into(),
+        Value::Bool(a) => a.into(),
     };
-    let _ = name;
-    Ok(t.into_tvalue())
+    t.into_tvalue()
 }
 
 fn from_tract(name: &str, t: &Tensor) -> Result<Value, EngineError> {
@@ -75,23 +178,23 @@ fn from_tract(name: &str, t: &Tensor) -> Result<Value, EngineError> {
 
 impl Session for TractSession {
     fn input_names(&self) -> &[String] {
-        &self.inputs
+        &self.graph.inputs
     }
 
     fn output_names(&self) -> &[String] {
-        &self.outputs
+        &self.graph.outputs
     }
 
     fn run(&mut self, inputs: &[(&str, &Value)]) -> Result<Vec<Value>, EngineError> {
         let mut ordered = TVec::new();
-        for name in &self.inputs {
+        for name in &self.graph.inputs {
             let (_, v) = inputs
                 .iter()
                 .find(|(n, _)| n == name)
                 .ok_or_else(|| EngineError::Value { name: name.clone(), message: "input not given".into() })?;
-            ordered.push(to_tract(name, v)?);
+            ordered.push(to_tract(v));
         }
-        let outputs = self.plan.run(ordered).map_err(err)?;
-        outputs.iter().zip(&self.outputs).map(|(t, name)| from_tract(name, t)).collect()
+        let outputs = self.graph.run(&self.executor, ordered)?;
+        outputs.iter().zip(&self.graph.outputs).map(|(t, name)| from_tract(name, t)).collect()
     }
 }

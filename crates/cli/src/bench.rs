@@ -1,0 +1,172 @@
+//! `edgefreeze bench`: training throughput of the engines, side by side with PyTorch
+//! eager (measured by `tools/bench_pytorch.py` in the same run).
+
+use crate::train::engine_settings;
+use anyhow::{Context, Result, bail};
+use edgefreeze_train::bench::{BenchOptions, BenchResult, bench_training};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `edgefreeze bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Models (file stems in --models-dir).
+    #[arg(long, value_delimiter = ',', default_value = "lenet5,resnet20_28,mobilenetv2_05,transformer_text")]
+    pub models: Vec<String>,
+    /// Folder of the models.
+    #[arg(long, default_value = "models")]
+    pub models_dir: PathBuf,
+    /// Batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "64,128")]
+    pub batches: Vec<usize>,
+    /// Engines.
+    #[arg(long, value_delimiter = ',', default_value = "ort:cpu,tract")]
+    pub engines: Vec<String>,
+    /// Threads for every engine and PyTorch (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Untimed steps.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// At least this many timed steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// And at least this many seconds of timed steps.
+    #[arg(long, default_value_t = 2.0)]
+    pub min_seconds: f64,
+    /// Also measure PyTorch eager with this script (same models, batches, threads).
+    #[arg(long)]
+    pub pytorch: Option<PathBuf>,
+    /// The Python interpreter for --pytorch.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// The ONNX Runtime library.
+    #[arg(long)]
+    pub ort_lib: Option<PathBuf>,
+    /// Results file (JSON); a Markdown table is written next to it (`.md`).
+    #[arg(long, default_value = "bench-results.json")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct PytorchResults {
+    torch: Option<String>,
+    threads: usize,
+    results: Vec<PytorchResult>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct PytorchResult {
+    model: String,
+    batch: usize,
+    samples_per_s: f64,
+    step_ms_median: f64,
+    steps: usize,
+}
+
+/// Runs `bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let threads = args.threads.unwrap_or_else(edgefreeze_engine::default_threads);
+    let options = BenchOptions {
+        warmup: args.warmup,
+        min_steps: args.steps,
+        min_time: Duration::from_secs_f64(args.min_seconds),
+    };
+    let mut ours: Vec<BenchResult> = Vec::new();
+    for model in &args.models {
+        let path = args.models_dir.join(format!("{model}.onnx"));
+        for engine in &args.engines {
+            let (kind, engine_options) = engine_settings(engine, Some(threads), args.ort_lib.clone())?;
+            for &batch in &args.batches {
+                let r = bench_training(&path, &kind, &engine_options, batch, &options)
+                    .with_context(|| format!("benchmarking {} on {engine} at batch {batch}", path.display()))?;
+                eprintln!("{model:>18} {engine:>8} batch {batch:>4}: {:>9.1} samples/s", r.samples_per_s);
+                ours.push(r);
+            }
+        }
+    }
+    let pytorch = match &args.pytorch {
+        Some(script) => Some(run_pytorch(args, script, threads)?),
+        None => None,
+    };
+    let table = markdown(&ours, pytorch.as_ref(), &args.engines);
+    println!("{table}");
+    let json = serde_json::json!({
+        "threads": threads,
+        "machine_cores": edgefreeze_engine::default_threads(),
+        "edgefreeze": ours,
+        "pytorch": pytorch,
+    });
+    edgefreeze_graph::save::write_atomically(&args.out, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    edgefreeze_graph::save::write_atomically(&args.out.with_extension("md"), table.as_bytes())?;
+    eprintln!("wrote {} and {}", args.out.display(), args.out.with_extension("md").display());
+    Ok(())
+}
+
+fn run_pytorch(args: &BenchArgs, script: &PathBuf, threads: usize) -> Result<PytorchResults> {
+    let out = tempfile_path(&args.out);
+    let batches: Vec<String> = args.batches.iter().map(|b| b.to_string()).collect();
+    eprintln!("measuring PyTorch eager with {}", script.display());
+    let status = std::process::Command::new(&args.python)
+        .arg(script)
+        .args(["--models", &args.models.join(","), "--batches", &batches.join(",")])
+        .args(["--threads", &threads.to_string(), "--warmup", &args.warmup.to_string()])
+        .args(["--steps", &args.steps.to_string(), "--min-seconds", &args.min_seconds.to_string()])
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .with_context(|| format!("running {} {}", args.python, script.display()))?;
+    if !status.success() {
+        bail!("{} {} failed ({status})", args.python, script.display());
+    }
+    let text = std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let _ = std::fs::remove_file(&out);
+    serde_json::from_str(&text).with_context(|| format!("parsing the PyTorch results of {}", script.display()))
+}
+
+fn tempfile_path(out: &std::path::Path) -> PathBuf {
+    out.with_extension(format!("pytorch.{}.json", std::process::id()))
+}
+
+fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[String]) -> String {
+    let mut header = String::from("| model | batch |");
+    let mut rule = String::from("|---|---:|");
+    for e in engines {
+        header.push_str(&format!(" {e} samples/s |"));
+        rule.push_str("---:|");
+    }
+    if pytorch.is_some() {
+        header.push_str(" PyTorch eager samples/s |");
+        rule.push_str("---:|");
+        for e in engines {
+            header.push_str(&format!(" {e} / PyTorch |"));
+            rule.push_str("---:|");
+        }
+    }
+    let mut rows = vec![header, rule];
+    let mut keys: Vec<(String, usize)> = Vec::new();
+    for r in ours {
+        if !keys.contains(&(r.model.clone(), r.batch)) {
+            keys.push((r.model.clone(), r.batch));
+        }
+    }
+    for (model, batch) in keys {
+        let mut row = format!("| {model} | {batch} |");
+        let rate = |e: &str| {
+            ours.iter().find(|r| r.model == model && r.batch == batch && r.engine == e).map(|r| r.samples_per_s)
+        };
+        for e in engines {
+            row.push_str(&rate(e).map_or(" – |".into(), |v| format!(" {v:.1} |")));
+        }
+        if let Some(p) = pytorch {
+            let base = p.results.iter().find(|r| r.model == model && r.batch == batch).map(|r| r.samples_per_s);
+            row.push_str(&base.map_or(" – |".into(), |v| format!(" {v:.1} |")));
+            for e in engines {
+                let ratio = rate(e).zip(base).map(|(a, b)| a / b);
+                row.push_str(&ratio.map_or(" – |".into(), |v| format!(" {v:.2}× |")));
+            }
+        }
+        rows.push(row);
+    }
+    rows.join("\n") + "\n"
+}

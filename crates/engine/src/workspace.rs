@@ -1,0 +1,93 @@
+//! Graphs that share a store of state tensors kept inside the engine.
+//!
+//! Training runs the same graph thousands of times, and most of what it reads —
+//! parameters, optimizer state, BatchNorm statistics — is what it wrote the step before.
+//! A [`Workspace`] keeps those tensors in the engine's own form (tract values; ONNX
+//! Runtime values, on the provider's device through I/O binding), so a training step
+//! copies only the batch in and the loss out: parameters never make a host round trip
+//! between steps. Several graphs (the training step and the eval graph) read the same
+//! store.
+
+use crate::{EngineError, EngineKind, EngineOptions, Value};
+
+/// A graph loaded into a [`Workspace`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub(crate) usize);
+
+/// Which outputs of a graph replace which state tensors after each run.
+#[derive(Debug, Clone, Default)]
+pub struct StateUpdates {
+    /// `(output, state)` pairs: after a run, output `output` becomes state `state`.
+    pub pairs: Vec<(String, String)>,
+}
+
+impl StateUpdates {
+    /// No output updates the state (an eval graph).
+    pub fn none() -> StateUpdates {
+        StateUpdates::default()
+    }
+
+    /// Each output named `{prefix}{state}` updates `state`, for every state name given.
+    pub fn by_prefix<'a>(prefix: &str, states: impl IntoIterator<Item = &'a str>) -> StateUpdates {
+        StateUpdates { pairs: states.into_iter().map(|s| (format!("{prefix}{s}"), s.to_string())).collect() }
+    }
+
+    /// The state an output updates, if any.
+    pub fn state_of(&self, output: &str) -> Option<&str> {
+        self.pairs.iter().find(|(o, _)| o == output).map(|(_, s)| s.as_str())
+    }
+}
+
+/// State tensors kept in the engine, and graphs that run against them.
+///
+/// A graph input whose name is a state tensor is read from the store; every other input
+/// is given by the caller at each run. Outputs named in the graph's [`StateUpdates`]
+/// replace their state tensors and stay in the engine; the others come back to the host.
+pub trait Workspace: Send {
+    /// Loads a graph (ONNX protobuf bytes).
+    fn load_graph(&mut self, model: &[u8], updates: StateUpdates) -> Result<GraphId, EngineError>;
+    /// Inputs of a loaded graph, in order.
+    fn inputs(&self, graph: GraphId) -> &[String];
+    /// Outputs of a loaded graph, in order.
+    fn outputs(&self, graph: GraphId) -> &[String];
+    /// Puts a host tensor into the store (one copy, onto the engine's device).
+    fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError>;
+    /// Copies a state tensor back to the host.
+    fn state(&self, name: &str) -> Result<Value, EngineError>;
+    /// Names of the state tensors, sorted.
+    fn state_names(&self) -> Vec<String>;
+    /// Runs a graph. `inputs` gives every input that is not in the store; returns the
+    /// outputs that do not update the state, in graph order, with their names.
+    fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError>;
+}
+
+/// Creates an empty workspace on the chosen engine.
+pub fn workspace(kind: &EngineKind, options: &EngineOptions) -> Result<Box<dyn Workspace>, EngineError> {
+    match kind {
+        EngineKind::Tract => Ok(Box::new(crate::tract_backend::TractWorkspace::new(options))),
+        EngineKind::Ort(provider) => Ok(Box::new(crate::ort_backend::OrtWorkspace::new(*provider, options)?)),
+    }
+}
+
+/// The error for a graph input that is neither in the store nor given.
+pub(crate) fn missing_input(name: &str) -> EngineError {
+    EngineError::Value { name: name.to_string(), message: "input not given and not in the state store".into() }
+}
+
+/// The error for a state tensor that is not in the store.
+pub(crate) fn missing_state(name: &str) -> EngineError {
+    EngineError::Value { name: name.to_string(), message: "no such state tensor".into() }
+}
+
+/// Checks that every update pair names an output of the graph.
+pub(crate) fn check_updates(updates: &StateUpdates, outputs: &[String]) -> Result<(), EngineError> {
+    for (output, state) in &updates.pairs {
+        if !outputs.contains(output) {
+            return Err(EngineError::Value {
+                name: output.clone(),
+                message: format!("is to update state {state:?} but the graph has no such output"),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! Workspaces keep state inside the engine between runs: results must equal running the
+//! graph statelessly and feeding the outputs back by hand.
+
+use edgefreeze_engine::{EngineKind, EngineOptions, Provider, StateUpdates, Value, workspace};
+use edgefreeze_graph::ir::{Dim, Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::{DataType, save::encode_model};
+use ndarray::{ArrayD, IxDyn, array};
+
+/// `updated.w = MatMul(a, w)`, `updated.v = Transpose(v)`, `updated.count = count + 1`,
+/// `norm = ReduceSumSquare(w)`: a transpose cannot be computed in place, so an engine that
+/// wrote a run's output into the buffer of the previous run's output (the state it is
+/// reading) would get it wrong.
+fn stateful_graph() -> Vec<u8> {
+    let f = |name: &str, dims: &[usize]| {
+        ValueInfo::new(name, DataType::Float32, dims.iter().map(|&d| Dim::Fixed(d)).collect())
+    };
+    let graph = Graph {
+        name: "stateful".into(),
+        nodes: vec![
+            Node::new("mm", "MatMul", &["a", "w"], &["updated.w"]),
+            Node::new("flip", "Transpose", &["v"], &["updated.v"]),
+            Node::new("inc", "Add", &["count", "one"], &["updated.count"]),
+            Node::new("norm", "ReduceSumSquare", &["w"], &["norm"])
+                .with_attr("keepdims", edgefreeze_graph::Attribute::Int(0)),
+        ],
+        inputs: vec![
+            f("a", &[3, 3]),
+            f("w", &[3, 2]),
+            f("v", &[3, 3]),
+            ValueInfo::new("count", DataType::Int64, vec![]),
+            ValueInfo::new("one", DataType::Int64, vec![]),
+        ],
+        outputs: vec![
+            f("updated.w", &[3, 2]),
+            f("updated.v", &[3, 3]),
+            ValueInfo::new("updated.count", DataType::Int64, vec![]),
+            f("norm", &[]),
+        ],
+        ..Default::default()
+    };
+    encode_model(&Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() })
+}
+
+#[test]
+fn state_stays_in_the_engine_and_matches_host_arithmetic() {
+    let bytes = stateful_graph();
+    let a = array![[0.0f32, 1.0, 0.5], [1.0, 0.0, -1.0], [0.25, 2.0, 0.0]].into_dyn();
+    let w0 = array![[1.0f32, -2.0], [0.5, 3.0], [-1.0, 0.25]].into_dyn();
+    for kind in [EngineKind::Tract, EngineKind::Ort(Provider::Cpu)] {
+        let mut ws = workspace(&kind, &EngineOptions { threads: Some(1), ..Default::default() }).unwrap();
+        let g = ws.load_graph(&bytes, StateUpdates::by_prefix("updated.", ["w", "v", "count"])).unwrap();
+        ws.set_state("w", Value::F32(w0.clone())).unwrap();
+        ws.set_state("count", Value::scalar_i64(0)).unwrap();
+        let v0 = ArrayD::from_shape_vec(IxDyn(&[3, 3]), (0..9).map(|i| i as f32).collect()).unwrap();
+        ws.set_state("v", Value::F32(v0.clone())).unwrap();
+        assert_eq!(ws.state_names(), vec!["count".to_string(), "v".to_string(), "w".to_string()]);
+        let one = Value::scalar_i64(1);
+        let mut host = w0.clone().into_dimensionality::<ndarray::Ix2>().unwrap();
+        let a2 = a.clone().into_dimensionality::<ndarray::Ix2>().unwrap();
+        for step in 1..=5 {
+            let out = ws.run(g, &[("a", &Value::F32(a.clone())), ("one", &one)]).unwrap();
+            // Only the output that updates no state comes back to the host.
+            assert_eq!(out.len(), 1, "{kind}");
+            assert_eq!(out[0].0, "norm");
+            let norm = out[0].1.as_f32().unwrap().iter().next().copied().unwrap();
+            assert!((norm - host.iter().map(|x| x * x).sum::<f32>()).abs() < 1e-4, "{kind} step {step}");
+            host = a2.dot(&host);
+            let w = ws.state("w").unwrap();
+            let w = w.as_f32().unwrap();
+            for (x, y) in w.iter().zip(host.iter()) {
+                assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{kind} step {step}: {w:?} vs {host:?}");
+            }
+            let expected_v = if step % 2 == 1 { v0.t().to_owned() } else { v0.clone() };
+            assert_eq!(
+                ws.state("v").unwrap(),
+                Value::F32(expected_v.as_standard_layout().to_owned()),
+                "{kind} step {step}"
+            );
+            assert_eq!(ws.state("count").unwrap(), Value::I64(ArrayD::from_elem(IxDyn(&[]), step)), "{kind}");
+        }
+        let missing = ws.run(g, &[("one", &one)]).unwrap_err().to_string();
+        assert!(missing.contains("\"a\"") && missing.contains("not given"), "{kind}: {missing}");
+        let bad = ws.load_graph(&bytes, StateUpdates::by_prefix("new.", ["w"])).unwrap_err().to_string();
+        assert!(bad.contains("new.w") && bad.contains("no such output"), "{kind}: {bad}");
+        assert!(ws.state("nope").unwrap_err().to_string().contains("no such state"), "{kind}");
+    }
+}

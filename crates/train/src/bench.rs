@@ -1,0 +1,172 @@
+//! Training throughput: samples per second of whole training steps (forward, backward,
+//! optimizer update) on synthetic data, with the state kept in the engine as in training.
+
+use crate::error::{Result, TrainError};
+use crate::tensors::value_from_tensor;
+use edgefreeze_autodiff::artifacts::convert;
+use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
+use edgefreeze_autodiff::training::LOSS;
+use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
+use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec};
+use edgefreeze_engine::{EngineKind, EngineOptions, StateUpdates, Value};
+use edgefreeze_graph::{DataType, Dim};
+use ndarray::{ArrayD, IxDyn};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Untimed steps first.
+    pub warmup: usize,
+    /// At least this many timed steps.
+    pub min_steps: usize,
+    /// And at least this long.
+    pub min_time: Duration,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct BenchResult {
+    /// Model name (file stem).
+    pub model: String,
+    /// Engine.
+    pub engine: String,
+    /// Batch size.
+    pub batch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Timed steps.
+    pub steps: usize,
+    /// Median step time.
+    pub step_ms_median: f64,
+    /// `batch / median step time`.
+    pub samples_per_s: f64,
+}
+
+/// Deterministic pseudo-random numbers for synthetic batches.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() as f64 / (1u64 << 31) as f64) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Measures training steps of an inference model converted with cross-entropy and SGD
+/// (momentum 0.9, weight decay 5e-4, the recipe of `tools/bench_pytorch.py`).
+pub fn bench_training(
+    model_path: &Path,
+    engine: &EngineKind,
+    engine_options: &EngineOptions,
+    batch: usize,
+    options: &BenchOptions,
+) -> Result<BenchResult> {
+    let model = edgefreeze_graph::import(model_path)?;
+    let spec = TrainingSpec {
+        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 },
+        frozen: Vec::new(),
+    };
+    let source = model_path.display().to_string();
+    let artifacts = convert(&model, &source, &spec, 0, ("cross-entropy", "sgd", 0.01))?;
+    let mut ws = edgefreeze_engine::workspace(engine, engine_options)?;
+    let outputs: Vec<&str> = artifacts.train_step.graph.outputs.iter().map(|o| o.name.as_str()).collect();
+    let updates = StateUpdates {
+        pairs: artifacts
+            .state
+            .iter()
+            .map(|(n, _)| (format!("updated.{n}"), n.clone()))
+            .filter(|(o, _)| outputs.contains(&o.as_str()))
+            .collect(),
+    };
+    let graph = ws.load_graph(&edgefreeze_graph::save::encode_model(&artifacts.train_step), updates)?;
+    for (name, tensor) in &artifacts.state {
+        ws.set_state(name, value_from_tensor(name, tensor)?)?;
+    }
+    let (input, labels) = synthetic_batch(&model, batch)?;
+    let input_name = model.graph.inputs[0].name.clone();
+    let lr = Value::scalar_f32(0.01);
+    let takes = |name: &str| ws.inputs(graph).iter().any(|i| i == name);
+    let (takes_step, takes_seed) = (takes(STEP), takes(DROPOUT_SEED));
+    let mut times = Vec::new();
+    let started = Instant::now();
+    let mut step = 0i64;
+    while step < options.warmup as i64 || times.len() < options.min_steps || started.elapsed() < options.min_time {
+        step += 1;
+        let (s, seed) = (Value::scalar_i64(step), Value::scalar_i64(step * 7919));
+        let mut inputs: Vec<(&str, &Value)> = vec![(&input_name, &input), ("labels", &labels), (LEARNING_RATE, &lr)];
+        if takes_step {
+            inputs.push((STEP, &s));
+        }
+        if takes_seed {
+            inputs.push((DROPOUT_SEED, &seed));
+        }
+        let t = Instant::now();
+        let out = ws.run(graph, &inputs)?;
+        let elapsed = t.elapsed();
+        if !out.iter().any(|(n, _)| n == LOSS) {
+            return Err(TrainError::Config("the training-step graph returned no loss".into()));
+        }
+        if step > options.warmup as i64 {
+            times.push(elapsed.as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    Ok(BenchResult {
+        model: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
+        engine: engine.to_string(),
+        batch,
+        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
+        steps: times.len(),
+        step_ms_median: median * 1e3,
+        samples_per_s: batch as f64 / median,
+    })
+}
+
+/// Random inputs of the model's input type (token ids below the embedding size for
+/// integer inputs) and random labels below the number of classes.
+fn synthetic_batch(model: &edgefreeze_graph::Model, batch: usize) -> Result<(Value, Value)> {
+    let input = &model.graph.inputs[0];
+    let shape =
+        input.shape.as_ref().ok_or_else(|| TrainError::Config(format!("input {:?} has no shape", input.name)))?;
+    let mut dims = vec![batch];
+    for d in &shape[1..] {
+        dims.push(d.fixed().ok_or_else(|| {
+            TrainError::Config(format!("input {:?}: only the first (batch) dimension may be symbolic", input.name))
+        })?);
+    }
+    let n: usize = dims.iter().product();
+    let mut rng = Lcg(0x5eed);
+    let value = match input.dtype {
+        Some(DataType::Int64) => {
+            let vocab = model
+                .graph
+                .nodes
+                .iter()
+                .filter(|node| node.op_type == "Gather" && node.inputs.get(1) == Some(&input.name))
+                .find_map(|node| model.graph.initializers.get(&node.inputs[0]).map(|t| t.dims()[0]))
+                .unwrap_or(2) as u64;
+            Value::I64(
+                ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|_| (rng.next() % vocab) as i64).collect()).unwrap(),
+            )
+        }
+        _ => Value::F32(ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|_| rng.uniform()).collect()).unwrap()),
+    };
+    let classes = model.graph.outputs[0]
+        .shape
+        .as_ref()
+        .and_then(|s| s.last())
+        .and_then(Dim::fixed)
+        .ok_or_else(|| TrainError::Config("the model's output has no fixed class dimension".into()))?
+        as u64;
+    let labels = Value::I64(
+        ArrayD::from_shape_vec(IxDyn(&[batch]), (0..batch).map(|_| (rng.next() % classes) as i64).collect()).unwrap(),
+    );
+    Ok((value, labels))
+}

@@ -1,0 +1,27 @@
+//! The training driver of edgefreeze: runs converted training graphs on real data with
+//! an engine from `edgefreeze-engine`.
+//!
+//! A run lives in a directory ([`run`]): the recipe, the converted graphs, a checkpoint
+//! after every epoch ([`checkpoint`], atomic, all kept) and metrics ([`metrics`]). The
+//! [`Trainer`] feeds batches from a prefetching loader to the training-step graph, whose
+//! parameters and optimizer state stay inside the engine between steps; it evaluates
+//! after each epoch, stops on a non-finite loss, and resumes exactly: the data order,
+//! augmentation, dropout masks and learning rate are pure functions of the seed and the
+//! update index. [`export`] writes an inference model with trained weights, [`plot`]
+//! draws curves, and [`bench`] measures training throughput.
+
+pub mod bench;
+pub mod checkpoint;
+mod error;
+pub mod export;
+pub mod metrics;
+pub mod plot;
+pub mod run;
+pub mod schedule;
+pub mod tensors;
+mod trainer;
+
+pub use error::{Result, TrainError};
+pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
+pub use schedule::{Decay, Schedule};
+pub use trainer::{TrainOptions, TrainSummary, Trainer};

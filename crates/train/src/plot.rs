@@ -1,0 +1,122 @@
+//! Loss and accuracy curves drawn to PNG with plotters, in pure Rust: text is rendered
+//! with a TrueType font read from the system (Debian's `fonts-dejavu-core`).
+
+use crate::error::{Result, TrainError};
+use crate::metrics::Record;
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Font files tried in order; the first that exists is used.
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+/// Registers a system font with plotters once per process.
+pub(crate) fn ensure_font() -> std::result::Result<(), String> {
+    static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let path = std::env::var("EDGEFREEZE_FONT")
+                .ok()
+                .into_iter()
+                .chain(FONT_CANDIDATES.iter().map(|s| s.to_string()))
+                .find(|p| Path::new(p).is_file())
+                .ok_or_else(|| {
+                    "no TrueType font found for plot labels: install one (apt-get install fonts-dejavu-core) \
+                     or point EDGEFREEZE_FONT at a .ttf file"
+                        .to_string()
+                })?;
+            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read font {path}: {e}"))?;
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+                .map_err(|_| format!("{path} is not a usable TrueType font"))
+        })
+        .clone()
+}
+
+/// Draws training curves: loss per logged step and test loss per epoch on the left,
+/// training and test accuracy per epoch on the right.
+pub fn plot_training(records: &[Record], title: &str, path: &Path) -> Result<()> {
+    let fail = |message: String| TrainError::Plot { path: path.into(), message };
+    ensure_font().map_err(fail)?;
+    // Drawn next to the target and renamed over it, so a reader never sees half a PNG.
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
+    let partial = path.with_file_name(format!(".{name}.partial.png"));
+    draw(records, title, &partial).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
+}
+
+type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn draw(records: &[Record], title: &str, path: &Path) -> DrawResult {
+    let mut steps = Vec::new();
+    let mut epochs = Vec::new();
+    for r in records {
+        match r {
+            Record::Step { step, loss, .. } => steps.push((*step as f64, *loss)),
+            Record::Epoch { epoch, step, train_loss, train_accuracy, test_loss, test_accuracy, .. } => {
+                epochs.push((*epoch as f64, *step as f64, *train_loss, *train_accuracy, *test_loss, *test_accuracy))
+            }
+        }
+    }
+    let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 22))?;
+    let (left, right) = root.split_horizontally(600);
+
+    let max_step = steps.iter().map(|s| s.0).chain(epochs.iter().map(|e| e.1)).fold(1.0, f64::max);
+    let losses = steps.iter().map(|s| s.1).chain(epochs.iter().flat_map(|e| [e.2, e.4]));
+    let max_loss = losses.filter(|l| l.is_finite()).fold(0.1, f64::max) * 1.05;
+    let mut chart = ChartBuilder::on(&left)
+        .caption("loss", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0.0..max_step, 0.0..max_loss)?;
+    chart.configure_mesh().x_desc("update").y_desc("cross-entropy").draw()?;
+    chart
+        .draw_series(LineSeries::new(steps.iter().copied(), BLUE.mix(0.6)))?
+        .label("train (batch)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
+    let test_loss: Vec<(f64, f64)> = epochs.iter().map(|e| (e.1, e.4)).collect();
+    chart
+        .draw_series(LineSeries::new(test_loss.iter().copied(), RED.stroke_width(2)))?
+        .label("test (epoch)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
+    chart.draw_series(test_loss.iter().map(|&p| Circle::new(p, 4, RED.filled())))?;
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+
+    let max_epoch = epochs.iter().map(|e| e.0).fold(1.0, f64::max);
+    let min_acc = epochs.iter().flat_map(|e| [e.3, e.5]).fold(1.0, f64::min);
+    let low = (min_acc * 100.0 - 2.0).floor().clamp(0.0, 90.0);
+    let mut chart = ChartBuilder::on(&right)
+        .caption("accuracy", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0.0..max_epoch + 0.5, low..100.0)?;
+    chart.configure_mesh().x_desc("epoch").y_desc("%").draw()?;
+    for (series, color, label) in [(3usize, BLUE, "train"), (5, RED, "test")] {
+        let points: Vec<(f64, f64)> =
+            epochs.iter().map(|e| (e.0, 100.0 * if series == 3 { e.3 } else { e.5 })).collect();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,474 @@
+//! The training loop: batches from a prefetching loader, one training-step graph run per
+//! batch with the state kept inside the engine, evaluation and an atomic checkpoint after
+//! every epoch, metrics to JSON Lines and curves to PNG.
+
+use crate::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoint_path, list_checkpoints, read_tensors};
+use crate::error::{Result, TrainError};
+use crate::metrics::{MetricsLog, Record};
+use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
+use crate::tensors::scalar;
+use edgefreeze_autodiff::artifacts::{Manifest, files};
+use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
+use edgefreeze_autodiff::training::{CORRECT, LOSS};
+use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
+use edgefreeze_data::named::{OpenOptions, Splits, open_with};
+use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
+use edgefreeze_engine::{EngineKind, EngineOptions, GraphId, StateUpdates, Value, Workspace};
+use indicatif::{ProgressBar, ProgressStyle};
+use ndarray::{ArrayD, IxDyn};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How to run (not what to compute: that is the [`crate::Recipe`]).
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The engine.
+    pub engine: EngineKind,
+    /// Engine settings (threads, ONNX Runtime library).
+    pub engine_options: EngineOptions,
+    /// Draw the curves to this PNG after every epoch.
+    pub plot: Option<PathBuf>,
+    /// Show a progress bar and a line per epoch on stderr.
+    pub progress: bool,
+    /// Batches the loader thread may prepare ahead.
+    pub prefetch: usize,
+    /// Where npm datasets are installed (None: `$EDGEFREEZE_DATA_DIR` or `.data/`).
+    pub npm_prefix: Option<PathBuf>,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            engine: EngineKind::Tract,
+            engine_options: EngineOptions::default(),
+            plot: None,
+            progress: false,
+            prefetch: 4,
+            npm_prefix: None,
+        }
+    }
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    /// Epochs completed.
+    pub epochs: usize,
+    /// Updates completed.
+    pub steps: u64,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// Test accuracy after the last epoch, if any epoch ran.
+    pub test_accuracy: Option<f64>,
+    /// Training throughput of the last epoch.
+    pub samples_per_s: Option<f64>,
+}
+
+/// A run opened for training: its graphs in an engine workspace, its data, and where it
+/// stands.
+pub struct Trainer {
+    dir: PathBuf,
+    spec: RunSpec,
+    options: TrainOptions,
+    manifest: Manifest,
+    data: Splits,
+    workspace: Box<dyn Workspace>,
+    train_graph: GraphId,
+    eval_graph: GraphId,
+    input: String,
+    takes_step: bool,
+    takes_dropout_seed: bool,
+    epochs_done: usize,
+    steps_done: u64,
+    last_checkpoint: PathBuf,
+    last_test_accuracy: Option<f64>,
+}
+
+impl Trainer {
+    /// Opens a run directory (created by [`crate::create_run`]) and restores its latest
+    /// checkpoint; a run without one starts from the converted initial state and writes
+    /// it as checkpoint 0.
+    pub fn open(dir: &Path, options: TrainOptions) -> Result<Trainer> {
+        let spec = open_run(dir)?;
+        let graphs = dir.join(GRAPHS_DIR);
+        let manifest = read_manifest(&graphs)?;
+        let input = match manifest.data_inputs.as_slice() {
+            [one] => one.name.clone(),
+            many => {
+                return Err(TrainError::Config(format!(
+                    "the model has {} data inputs; edgefreeze train feeds exactly one",
+                    many.len()
+                )));
+            }
+        };
+        let data = open_data(&spec.data, &graphs, &manifest, &options)?;
+        check_fit(&data, &manifest)?;
+
+        let mut workspace = edgefreeze_engine::workspace(&options.engine, &options.engine_options)?;
+        let read = |file: &str| {
+            let path = graphs.join(file);
+            std::fs::read(&path).map_err(crate::error::io("read", path))
+        };
+        let train_outputs: Vec<String> = manifest.train_step.outputs.iter().map(|p| p.name.clone()).collect();
+        let updates = StateUpdates {
+            pairs: manifest
+                .state
+                .iter()
+                .map(|s| (format!("updated.{}", s.name), s.name.clone()))
+                .filter(|(o, _)| train_outputs.contains(o))
+                .collect(),
+        };
+        let train_graph = workspace.load_graph(&read(files::TRAIN_STEP)?, updates)?;
+        let eval_graph = workspace.load_graph(&read(files::EVAL)?, StateUpdates::none())?;
+        let inputs = workspace.inputs(train_graph);
+        let takes_step = inputs.iter().any(|i| i == STEP);
+        let takes_dropout_seed = inputs.iter().any(|i| i == DROPOUT_SEED);
+
+        let checkpoints = list_checkpoints(dir)?;
+        let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
+            Some((_, path)) => {
+                let c = Checkpoint::read(path)?;
+                if c.info.epoch > spec.recipe.epochs {
+                    return Err(TrainError::Checkpoint {
+                        path: path.clone(),
+                        message: format!(
+                            "is after epoch {}, but the run has {} epochs",
+                            c.info.epoch, spec.recipe.epochs
+                        ),
+                    });
+                }
+                (c.state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy)
+            }
+            None => {
+                let state = read_tensors(&graphs.join(files::STATE))?;
+                let path = checkpoint_path(dir, 0);
+                let info = CheckpointInfo { format: FORMAT.into(), epoch: 0, step: 0, test_accuracy: None };
+                Checkpoint { info, state: state.clone() }.write(&path)?;
+                (state, 0, 0, path, None)
+            }
+        };
+        for entry in &manifest.state {
+            let value = state.iter().find(|(n, _)| *n == entry.name).map(|(_, v)| v.clone()).ok_or_else(|| {
+                TrainError::Checkpoint {
+                    path: last_checkpoint.clone(),
+                    message: format!("has no tensor {:?} ({})", entry.name, entry.role),
+                }
+            })?;
+            workspace.set_state(&entry.name, value)?;
+        }
+        Ok(Trainer {
+            dir: dir.into(),
+            spec,
+            options,
+            manifest,
+            data,
+            workspace,
+            train_graph,
+            eval_graph,
+            input,
+            takes_step,
+            takes_dropout_seed,
+            epochs_done,
+            steps_done,
+            last_checkpoint,
+            last_test_accuracy,
+        })
+    }
+
+    /// The run's recipe and names.
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
+    /// The dataset.
+    pub fn data(&self) -> &Splits {
+        &self.data
+    }
+
+    /// Epochs completed so far.
+    pub fn epochs_done(&self) -> usize {
+        self.epochs_done
+    }
+
+    /// Copies the current training state out of the engine, in manifest order.
+    pub fn state(&self) -> Result<Vec<(String, Value)>> {
+        self.manifest.state.iter().map(|e| Ok((e.name.clone(), self.workspace.state(&e.name)?))).collect()
+    }
+
+    fn train_samples(&self) -> usize {
+        limit(self.data.train.len(), self.spec.recipe.train_limit)
+    }
+
+    /// Updates in the whole run.
+    pub fn total_steps(&self) -> u64 {
+        (self.spec.recipe.epochs * batch_count(self.train_samples(), self.spec.recipe.batch)) as u64
+    }
+
+    /// Trains the remaining epochs. A non-finite loss stops training with
+    /// [`TrainError::Diverged`]; checkpoints on disk are left as they were.
+    pub fn run(&mut self) -> Result<TrainSummary> {
+        let mut metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
+        let mut samples_per_s = None;
+        while self.epochs_done < self.spec.recipe.epochs {
+            let epoch = self.epochs_done + 1;
+            let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut metrics)?;
+            let (test_loss, test_accuracy) = self.evaluate()?;
+            let rate = samples as f64 / seconds.max(1e-9);
+            samples_per_s = Some(rate);
+            let path = checkpoint_path(&self.dir, epoch);
+            let info = CheckpointInfo {
+                format: FORMAT.into(),
+                epoch,
+                step: self.steps_done,
+                test_accuracy: Some(test_accuracy),
+            };
+            Checkpoint { info, state: self.state()? }.write(&path)?;
+            self.epochs_done = epoch;
+            self.last_checkpoint = path;
+            self.last_test_accuracy = Some(test_accuracy);
+            metrics.push(Record::Epoch {
+                epoch,
+                step: self.steps_done,
+                train_loss,
+                train_accuracy,
+                test_loss,
+                test_accuracy,
+                train_seconds: seconds,
+                samples_per_s: rate,
+            })?;
+            if self.options.progress {
+                eprintln!(
+                    "epoch {epoch}/{}: train loss {train_loss:.4} acc {:.2}% | test loss {test_loss:.4} acc {:.2}% | \
+                     {rate:.0} samples/s | {}",
+                    self.spec.recipe.epochs,
+                    100.0 * train_accuracy,
+                    100.0 * test_accuracy,
+                    self.last_checkpoint.display()
+                );
+            }
+            if let Some(plot) = &self.options.plot {
+                let title =
+                    format!("{} on {} ({})", model_label(&self.spec.model), self.spec.data, self.options.engine);
+                // A plot that cannot be drawn (no font, say) must not stop training.
+                if let Err(e) = crate::plot::plot_training(metrics.records(), &title, plot) {
+                    eprintln!("warning: {e}");
+                }
+            }
+        }
+        Ok(TrainSummary {
+            epochs: self.epochs_done,
+            steps: self.steps_done,
+            checkpoint: self.last_checkpoint.clone(),
+            test_accuracy: self.last_test_accuracy,
+            samples_per_s,
+        })
+    }
+
+    /// One epoch of updates → (mean loss, accuracy, seconds, samples).
+    fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
+        let recipe = self.spec.recipe.clone();
+        let n = self.train_samples();
+        let augmentation = recipe.augmentation()?;
+        let images = matches!(*self.data.train, Samples::Images { .. });
+        let loader = Loader::spawn(
+            Arc::clone(&self.data.train),
+            epoch_order(n, recipe.seed, epoch as u64),
+            LoaderOptions {
+                batch_size: recipe.batch,
+                augmentation: (images && !augmentation.is_identity()).then_some(augmentation),
+                seed: recipe.seed,
+                epoch: epoch as u64,
+                depth: self.options.prefetch.max(1),
+                start_batch: 0,
+            },
+        )?;
+        let bar = self.progress_bar(loader.remaining() as u64, &format!("epoch {epoch}/{}", recipe.epochs));
+        let total = self.total_steps();
+        let start = Instant::now();
+        let (mut loss_sum, mut correct_sum, mut seen) = (0.0, 0.0, 0usize);
+        for batch in loader {
+            let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
+            let len = batch.len();
+            let (loss, correct) = self.train_step(batch, lr)?;
+            if !loss.is_finite() {
+                bar.abandon();
+                return Err(TrainError::Diverged {
+                    step: self.steps_done + 1,
+                    epoch,
+                    loss,
+                    checkpoint: Some(self.last_checkpoint.clone()),
+                });
+            }
+            self.steps_done += 1;
+            loss_sum += loss * len as f64;
+            correct_sum += correct;
+            seen += len;
+            let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
+            if self.steps_done.is_multiple_of(recipe.log_every.max(1)) {
+                metrics.push(Record::Step {
+                    epoch,
+                    step: self.steps_done,
+                    loss,
+                    accuracy: correct / len as f64,
+                    lr,
+                    samples_per_s: rate,
+                })?;
+            }
+            bar.inc(1);
+            bar.set_message(format!(
+                "loss {:.4} acc {:.2}% {rate:.0} samples/s lr {lr:.4}",
+                loss_sum / seen as f64,
+                100.0 * correct_sum / seen as f64
+            ));
+        }
+        bar.finish_and_clear();
+        let seconds = start.elapsed().as_secs_f64();
+        Ok((loss_sum / seen.max(1) as f64, correct_sum / seen.max(1) as f64, seconds, seen))
+    }
+
+    /// Runs one update on a batch → (loss, correct predictions).
+    fn train_step(&mut self, batch: Batch, lr: f64) -> Result<(f64, f64)> {
+        let (input, labels) = batch_values(batch)?;
+        let lr = Value::scalar_f32(lr as f32);
+        let step = Value::scalar_i64(self.steps_done as i64 + 1);
+        let seed = Value::scalar_i64(dropout_seed(self.spec.recipe.seed, self.steps_done));
+        let mut inputs: Vec<(&str, &Value)> =
+            vec![(self.input.as_str(), &input), ("labels", &labels), (LEARNING_RATE, &lr)];
+        if self.takes_step {
+            inputs.push((STEP, &step));
+        }
+        if self.takes_dropout_seed {
+            inputs.push((DROPOUT_SEED, &seed));
+        }
+        let outputs = self.workspace.run(self.train_graph, &inputs)?;
+        loss_and_correct(&outputs)
+    }
+
+    /// Mean loss and accuracy on the test split (or its first `test_limit` samples).
+    pub fn evaluate(&mut self) -> Result<(f64, f64)> {
+        let n = limit(self.data.test.len(), self.spec.recipe.test_limit);
+        let options = LoaderOptions {
+            batch_size: self.spec.recipe.batch,
+            depth: self.options.prefetch.max(1),
+            ..LoaderOptions::default()
+        };
+        let loader = Loader::spawn(Arc::clone(&self.data.test), (0..n).collect(), options)?;
+        let (mut loss_sum, mut correct_sum) = (0.0, 0.0);
+        for batch in loader {
+            let len = batch.len();
+            let (input, labels) = batch_values(batch)?;
+            let outputs = self.workspace.run(self.eval_graph, &[(self.input.as_str(), &input), ("labels", &labels)])?;
+            let (loss, correct) = loss_and_correct(&outputs)?;
+            loss_sum += loss * len as f64;
+            correct_sum += correct;
+        }
+        Ok((loss_sum / n.max(1) as f64, correct_sum / n.max(1) as f64))
+    }
+
+    fn progress_bar(&self, len: u64, prefix: &str) -> ProgressBar {
+        if !self.options.progress {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(len);
+        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(prefix.to_string());
+        bar
+    }
+}
+
+fn limit(n: usize, limit: Option<usize>) -> usize {
+    limit.map_or(n, |l| l.min(n))
+}
+
+fn model_label(model: &str) -> String {
+    Path::new(model).file_stem().map_or(model.to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+/// A per-update dropout seed: a function of the run's seed and the update index, so a
+/// resumed run draws the same masks.
+fn dropout_seed(seed: u64, step: u64) -> i64 {
+    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (z >> 33) as i64
+}
+
+/// A batch as engine values, taking its buffers.
+fn batch_values(batch: Batch) -> Result<(Value, Value)> {
+    let shape = IxDyn(&batch.shape);
+    let bad = |e: ndarray::ShapeError| TrainError::Config(format!("batch of shape {:?}: {e}", batch.shape));
+    let len = batch.indices.len();
+    let input = match batch.inputs {
+        Inputs::F32(v) => Value::F32(ArrayD::from_shape_vec(shape, v).map_err(bad)?),
+        Inputs::I64(v) => Value::I64(ArrayD::from_shape_vec(shape, v).map_err(bad)?),
+    };
+    let labels = Value::I64(ArrayD::from_shape_vec(IxDyn(&[len]), batch.labels).map_err(bad)?);
+    Ok((input, labels))
+}
+
+fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
+    let find = |name: &str| outputs.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let loss = find(LOSS).ok_or_else(|| TrainError::Config("the graph has no loss output".into()))?;
+    let correct = match find(CORRECT) {
+        Some(c) => scalar(CORRECT, c)?,
+        None => 0.0,
+    };
+    Ok((scalar(LOSS, loss)?, correct))
+}
+
+/// Opens the run's dataset; text datasets take their sequence length from the model's
+/// input and their vocabulary size from its embedding table.
+fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOptions) -> Result<Splits> {
+    let mut open = OpenOptions { npm_prefix: options.npm_prefix.clone(), ..OpenOptions::default() };
+    if let Some(input) = manifest.data_inputs.first()
+        && input.dtype == "i64"
+    {
+        if let Some(len) = input.shape.get(1).and_then(|d| d.as_u64()) {
+            open.seq_len = len as usize;
+        }
+        let model = edgefreeze_graph::load_model(graphs.join(files::FORWARD))?;
+        let vocab = model
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| n.op_type == "Gather" && n.inputs.get(1) == Some(&input.name))
+            .find_map(|n| model.graph.initializers.get(&n.inputs[0]).map(|t| t.dims()[0]));
+        if let Some(v) = vocab {
+            open.vocab_size = v;
+        }
+    }
+    Ok(open_with(name, &open)?)
+}
+
+/// Checks that samples have the shape the model's input takes and labels fit its classes.
+fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
+    let input = &manifest.data_inputs[0];
+    let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
+    let have = data.train.sample_shape();
+    let fits = wanted.len() == have.len() && wanted.iter().zip(&have).all(|(w, h)| w.is_none_or(|w| w as usize == *h));
+    let shape_text = |dims: &[Option<u64>]| {
+        dims.iter().map(|d| d.map_or("?".to_string(), |n| n.to_string())).collect::<Vec<_>>().join("×")
+    };
+    if !fits {
+        return Err(TrainError::Config(format!(
+            "dataset {} gives samples of shape {} but the model's input {:?} takes {}",
+            data.name,
+            have.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×"),
+            input.name,
+            shape_text(&wanted)
+        )));
+    }
+    let classes = manifest.eval.outputs.last().and_then(|o| o.shape.last()).and_then(|d| d.as_u64());
+    if let Some(classes) = classes
+        && (classes as usize) < data.classes
+    {
+        return Err(TrainError::Config(format!(
+            "dataset {} has {} classes but the model predicts {classes}",
+            data.name, data.classes
+        )));
+    }
+    Ok(())
+}
