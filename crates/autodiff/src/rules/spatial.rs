@@ -6,7 +6,8 @@
 //!
 //! - `Conv`: the input gradient is a `ConvTranspose` of dY with the weight (explicit pads
 //!   and output padding so that it has exactly X's size); the weight gradient is an im2col
-//!   built from one strided `Slice` per kernel offset followed by a grouped `MatMul`
+//!   built from one strided `Slice` per kernel offset followed by a `Gemm` (a grouped
+//!   `MatMul` for grouped convolutions)
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
 //! - `MaxPool`: each kernel offset's strided slice of the input (padded with the lowest
@@ -265,14 +266,33 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
 
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
 /// im2col of the padded input made of one strided slice per kernel offset.
+///
+/// Ungrouped, both operands move the batch next to the positions by swapping the first two
+/// axes (a copy of contiguous rows) and one `Gemm` with a transposed second operand does
+/// the rest; only the weight-sized product is reordered. Grouped, the columns are
+/// regrouped for a batched `MatMul`.
 fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let w = &geo.window;
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
     let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
-    // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = window_slices(cx, &xp, &padded, geo);
+    if group == 1 {
+        // cols [N, K·C, P] → [K·C, N, P] → [K·C, N·P]; dY [N, M, P] → [M, N, P] → [M, N·P].
+        let cols = cx.e.reshape(&cols, &[-1, k * cg, p]);
+        let cols = cx.e.transpose(&cols, &[1, 0, 2]);
+        let cols = cx.e.reshape(&cols, &[k * cg, -1]);
+        let d = cx.e.reshape(dy, &[-1, mg, p]);
+        let d = cx.e.transpose(&d, &[1, 0, 2]);
+        let d = cx.e.reshape(&d, &[mg, -1]);
+        // [M, K·C] (offset-major) → [M, K, C] → [M, C, K] → the weight's shape.
+        let prod = cx.e.op("Gemm", &[&d, &cols], vec![("transB", Attribute::Int(1))]);
+        let prod = cx.e.reshape(&prod, &[mg, k, cg]);
+        let prod = cx.e.transpose(&prod, &[0, 2, 1]);
+        return cx.e.reshape(&prod, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+    }
+    // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
     let cols = cx.e.transpose(&cols, &[2, 0, 4, 3, 1]);
     let cols = cx.e.reshape(&cols, &[g, -1, cg * k]);
