@@ -156,6 +156,10 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             eprintln!("resuming after epoch {}", trainer.epochs_done());
         }
     }
+    if trainer.epochs_done() >= spec.recipe.epochs {
+        println!("nothing to do: the run in {} has done its {} epochs", dir.display(), spec.recipe.epochs);
+        return Ok(());
+    }
     let summary = trainer.run()?;
     match summary.test_accuracy {
         Some(acc) => println!(

@@ -166,6 +166,20 @@ fn an_exported_model_scores_the_eval_accuracy_and_curves_are_plotted() {
             "{engine}: {accuracy} vs eval {eval_accuracy}"
         );
     }
+    // The `onnx` package's full checker accepts it (when Python has onnx; CI requires it).
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)"])
+        .arg(&exported)
+        .output();
+    match check {
+        Ok(out) if out.status.success() => {}
+        Ok(out) if String::from_utf8_lossy(&out.stderr).contains("No module named 'onnx'") => {
+            assert!(std::env::var("EDGEFREEZE_REQUIRE_PYTHON_ONNX").as_deref() != Ok("1"), "python3 has no onnx");
+            eprintln!("skipping the onnx checker: python3 has no onnx");
+        }
+        Ok(out) => panic!("onnx.checker rejects the exported model: {}", String::from_utf8_lossy(&out.stderr)),
+        Err(e) => assert!(std::env::var("EDGEFREEZE_REQUIRE_PYTHON_ONNX").as_deref() != Ok("1"), "no python3: {e}"),
+    }
     // The exported weights are the trained ones, not the initial ones.
     let initial = accuracy_of(&dir.path().join("graphs/model.onnx"), &EngineKind::Tract, test_samples);
     assert!(initial < 0.3, "the untrained model scores {initial}");

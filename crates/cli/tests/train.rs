@@ -1,0 +1,154 @@
+//! `edgefreeze train`, `export` and `bench` as a user runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn model(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name)
+}
+
+fn edgefreeze(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_edgefreeze")).args(args).output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn fashion_mnist_available() -> bool {
+    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
+        return true;
+    }
+    assert!(
+        !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
+        "EDGEFREEZE_REQUIRE_DATA is set but Fashion-MNIST is missing"
+    );
+    eprintln!("skipping: apt-get install -y dataset-fashion-mnist");
+    false
+}
+
+#[test]
+fn train_resume_and_export_from_the_command_line() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let run_s = run.to_str().unwrap();
+    let mlp = model("mlp.onnx");
+    let args = [
+        "train",
+        "--model",
+        mlp.to_str().unwrap(),
+        "--data",
+        "fashion-mnist",
+        "--epochs",
+        "2",
+        "--batch",
+        "64",
+        "--lr",
+        "0.05",
+        "--limit",
+        "512",
+        "--test-limit",
+        "256",
+        "--out",
+        run_s,
+        "--engine",
+        "tract",
+    ];
+    let first = edgefreeze(&args);
+    assert!(first.status.success(), "{}", text(&first));
+    let out = text(&first);
+    assert!(out.contains("epoch 1/2") && out.contains("epoch 2/2") && out.contains("test accuracy"), "{out}");
+    assert!(run.join("checkpoints/epoch-0002.safetensors").is_file());
+
+    // The same command again must not overwrite the run.
+    let again = edgefreeze(&args);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("already holds a run"), "{}", text(&again));
+
+    // Resuming a finished run has nothing to do; --resume excludes --model.
+    let resumed = edgefreeze(&["train", "--resume", run_s, "--quiet"]);
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    assert!(text(&resumed).contains("nothing to do"), "{}", text(&resumed));
+    let both = edgefreeze(&["train", "--resume", run_s, "--model", mlp.to_str().unwrap()]);
+    assert!(!both.status.success());
+
+    let exported = dir.path().join("mlp-trained.onnx");
+    let export = edgefreeze(&["export", run_s, "--out", exported.to_str().unwrap()]);
+    assert!(export.status.success(), "{}", text(&export));
+    assert!(text(&export).contains("epoch 2"), "{}", text(&export));
+    let inspect = edgefreeze(&["inspect", exported.to_str().unwrap()]);
+    assert!(inspect.status.success(), "{}", text(&inspect));
+
+    let missing = edgefreeze(&["export", dir.path().join("nope.safetensors").to_str().unwrap(), "--out", "x.onnx"]);
+    assert!(!missing.status.success());
+    assert!(text(&missing).contains("nope.safetensors"), "{}", text(&missing));
+}
+
+#[test]
+fn bad_recipes_are_refused_with_the_flag_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mlp = model("mlp.onnx");
+    for (flag, value, expected) in
+        [("--schedule", "linear", "--schedule"), ("--engine", "gpu", "--engine"), ("--augment", "rotate", "--augment")]
+    {
+        let result = edgefreeze(&[
+            "train",
+            "--model",
+            mlp.to_str().unwrap(),
+            "--data",
+            "fashion-mnist",
+            "--out",
+            out.to_str().unwrap(),
+            flag,
+            value,
+        ]);
+        assert!(!result.status.success(), "{flag} {value}");
+        assert!(text(&result).contains(expected), "{flag} {value}: {}", text(&result));
+    }
+    let unknown =
+        edgefreeze(&["train", "--model", mlp.to_str().unwrap(), "--data", "imagenet", "--out", out.to_str().unwrap()]);
+    assert!(!unknown.status.success());
+    assert!(text(&unknown).contains("imagenet"), "{}", text(&unknown));
+}
+
+#[test]
+fn bench_writes_results_for_every_model_engine_and_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("bench.json");
+    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let out = edgefreeze(&[
+        "bench",
+        "--models",
+        "mlp,lenet5",
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--batches",
+        "4,8",
+        "--engines",
+        "tract",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--min-seconds",
+        "0",
+        "--threads",
+        "1",
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let rows = json["edgefreeze"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        assert!(row["samples_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(row["steps"].as_u64(), Some(2));
+    }
+    let table = std::fs::read_to_string(results.with_extension("md")).unwrap();
+    assert!(table.contains("| lenet5 | 8 |"), "{table}");
+}
