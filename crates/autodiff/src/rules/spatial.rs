@@ -269,8 +269,8 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
 ///
 /// Ungrouped, both operands move the batch next to the positions by swapping the first two
 /// axes (a copy of contiguous rows) and one `Gemm` with a transposed second operand does
-/// the rest; only the weight-sized product is reordered. Grouped, the columns are
-/// regrouped for a batched `MatMul`.
+/// the rest; only the weight-sized product is reordered. Depthwise, it is a product and a
+/// sum. Otherwise the columns are regrouped for a batched `MatMul`.
 fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let w = &geo.window;
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
@@ -291,6 +291,16 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
         let prod = cx.e.reshape(&prod, &[mg, k, cg]);
         let prod = cx.e.transpose(&prod, &[0, 2, 1]);
         return cx.e.reshape(&prod, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+    }
+    if cg == 1 {
+        // Depthwise (one input channel per group, Mg outputs each): a product and a sum,
+        // dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · cols[n, k, c, p].
+        let cols = cx.e.reshape(&cols, &[-1, k, g, 1, p]);
+        let d = cx.e.reshape(dy, &[-1, 1, g, mg, p]);
+        let prod = cx.e.mul(&d, &cols);
+        let summed = cx.e.reduce_sum(&prod, &[0, 4], false);
+        let per_channel = cx.e.transpose(&summed, &[1, 2, 0]);
+        return cx.e.reshape(&per_channel, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
     }
     // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
