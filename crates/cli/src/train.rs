@@ -50,10 +50,10 @@ pub struct TrainArgs {
     /// Image augmentation: `crop:P`, `flip`, or both comma-separated.
     #[arg(long)]
     pub augment: Option<String>,
-    /// Train on the first N training samples only.
+    /// Train on N training samples only (a fixed random subset drawn from the seed).
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Evaluate on the first N test samples only.
+    /// Evaluate on N test samples only (a fixed random subset drawn from the seed).
     #[arg(long)]
     pub test_limit: Option<usize>,
     /// Write a step record to metrics.jsonl every N updates.

@@ -24,4 +24,4 @@ mod trainer;
 pub use error::{Result, TrainError};
 pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
 pub use schedule::{Decay, Schedule};
-pub use trainer::{TrainOptions, TrainSummary, Trainer};
+pub use trainer::{TrainOptions, TrainSummary, Trainer, subset};

@@ -36,9 +36,9 @@ pub struct Recipe {
     pub seed: u64,
     /// Augmentation of training images: `crop:P`, `flip`, comma-separated; `None` for none.
     pub augment: Option<String>,
-    /// Use only the first N training samples.
+    /// Use only N training samples (a fixed random subset drawn from the seed).
     pub train_limit: Option<usize>,
-    /// Evaluate on only the first N test samples.
+    /// Evaluate on only N test samples (a fixed random subset drawn from the seed).
     pub test_limit: Option<usize>,
     /// Write a step record every N updates.
     pub log_every: u64,

@@ -197,7 +197,17 @@ impl Trainer {
     }
 
     fn train_samples(&self) -> usize {
-        limit(self.data.train.len(), self.spec.recipe.train_limit)
+        self.spec.recipe.train_limit.map_or(self.data.train.len(), |l| l.min(self.data.train.len()))
+    }
+
+    /// The training samples the run uses: all of them, or a fixed random subset.
+    pub fn train_indices(&self) -> Vec<usize> {
+        subset(self.data.train.len(), self.spec.recipe.train_limit, self.spec.recipe.seed)
+    }
+
+    /// The test samples evaluation uses: all of them, or a fixed random subset.
+    pub fn test_indices(&self) -> Vec<usize> {
+        subset(self.data.test.len(), self.spec.recipe.test_limit, self.spec.recipe.seed)
     }
 
     /// Updates in the whole run.
@@ -268,12 +278,12 @@ impl Trainer {
     /// One epoch of updates → (mean loss, accuracy, seconds, samples).
     fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
         let recipe = self.spec.recipe.clone();
-        let n = self.train_samples();
+        let samples = self.train_indices();
         let augmentation = recipe.augmentation()?;
         let images = matches!(*self.data.train, Samples::Images { .. });
         let loader = Loader::spawn(
             Arc::clone(&self.data.train),
-            epoch_order(n, recipe.seed, epoch as u64),
+            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect(),
             LoaderOptions {
                 batch_size: recipe.batch,
                 augmentation: (images && !augmentation.is_identity()).then_some(augmentation),
@@ -347,13 +357,14 @@ impl Trainer {
 
     /// Mean loss and accuracy on the test split (or its first `test_limit` samples).
     pub fn evaluate(&mut self) -> Result<(f64, f64)> {
-        let n = limit(self.data.test.len(), self.spec.recipe.test_limit);
+        let indices = self.test_indices();
+        let n = indices.len();
         let options = LoaderOptions {
             batch_size: self.spec.recipe.batch,
             depth: self.options.prefetch.max(1),
             ..LoaderOptions::default()
         };
-        let loader = Loader::spawn(Arc::clone(&self.data.test), (0..n).collect(), options)?;
+        let loader = Loader::spawn(Arc::clone(&self.data.test), indices, options)?;
         let (mut loss_sum, mut correct_sum) = (0.0, 0.0);
         for batch in loader {
             let len = batch.len();
@@ -380,8 +391,18 @@ impl Trainer {
     }
 }
 
-fn limit(n: usize, limit: Option<usize>) -> usize {
-    limit.map_or(n, |l| l.min(n))
+/// The samples of a split a run uses: all `n` in order, or `limit` of them drawn once
+/// from the seed (a split stored by class, like SpamAssassin's, has no representative
+/// prefix), in increasing order.
+pub fn subset(n: usize, limit: Option<usize>, seed: u64) -> Vec<usize> {
+    match limit {
+        Some(l) if l < n => {
+            let mut picked: Vec<usize> = epoch_order(n, seed, u64::MAX).into_iter().take(l).collect();
+            picked.sort_unstable();
+            picked
+        }
+        _ => (0..n).collect(),
+    }
 }
 
 fn model_label(model: &str) -> String {

@@ -120,10 +120,11 @@ fn a_diverging_run_stops_and_keeps_its_last_good_checkpoint() {
     }
 }
 
-/// Accuracy of an inference model on the first `n` test images, computed here.
+/// Accuracy of an inference model on the test images a run with `test_limit` n and seed 7
+/// evaluates, computed here.
 fn accuracy_of(model: &Path, engine: &EngineKind, n: usize) -> f64 {
     let splits = edgefreeze_data::named::open("fashion-mnist").unwrap();
-    let indices: Vec<usize> = (0..n).collect();
+    let indices = edgefreeze_train::subset(splits.test.len(), Some(n), 7);
     let batch = splits.test.batch(&indices, None, 0, 0).unwrap();
     let input = Value::F32(
         ndarray::ArrayD::from_shape_vec(batch.shape.clone(), batch.inputs.as_f32().unwrap().to_vec()).unwrap(),
@@ -215,4 +216,44 @@ fn a_finished_run_refuses_to_be_overwritten_and_bad_checkpoints_are_named() {
     std::fs::write(&damaged, b"not a checkpoint").unwrap();
     let err = Trainer::open(dir.path(), options()).err().unwrap().to_string();
     assert!(err.contains("epoch-0001.safetensors"), "{err}");
+}
+
+#[test]
+fn the_transformer_trains_on_spam_assassin_emails() {
+    let splits = match edgefreeze_data::named::open("spam-assassin") {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(
+                !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
+                "EDGEFREEZE_REQUIRE_DATA is set: {e}"
+            );
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = edgefreeze_train::ModelSource::Onnx {
+        path: common::model("transformer_text"),
+        loss: "cross-entropy".into(),
+        optimizer: "sgd:momentum=0.9,wd=5e-4".into(),
+        freeze: 0,
+    };
+    let recipe = common::recipe(2, 32, 0.05, 1024, 400);
+    edgefreeze_train::create_run(dir.path(), &source, "spam-assassin", &recipe).unwrap();
+    let mut trainer = Trainer::open(dir.path(), options()).unwrap();
+    // Sequence length and vocabulary come from the model: 64 tokens, 4096 words.
+    assert_eq!(splits.train.sample_shape(), vec![64]);
+    assert_eq!(trainer.data().vocabulary.as_ref().unwrap().len(), 4096);
+    let summary = trainer.run().unwrap();
+    let records = read_records(&dir.path().join("metrics.jsonl")).unwrap();
+    let losses: Vec<f64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Epoch { train_loss, .. } => Some(*train_loss),
+            _ => None,
+        })
+        .collect();
+    assert!(losses[1] < losses[0], "the training loss did not fall: {losses:?}");
+    // Better than always answering "ham" (about 69% of the held-out emails).
+    assert!(summary.test_accuracy.unwrap() > 0.72, "{:?}", summary.test_accuracy);
 }
