@@ -34,9 +34,12 @@ pub fn grad_name(p: &str) -> String {
     format!("grad.{p}")
 }
 
+/// Prefix of the outputs holding new values of inputs (parameters, state, buffers).
+pub const UPDATED_PREFIX: &str = "updated.";
+
 /// Name of the output holding the new value of input `name` (parameter, state, buffer).
 pub fn updated_name(name: &str) -> String {
-    format!("updated.{name}")
+    format!("{UPDATED_PREFIX}{name}")
 }
 
 /// Name of optimizer state `prefix` of parameter `p`.

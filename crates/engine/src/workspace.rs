@@ -32,6 +32,18 @@ impl StateUpdates {
         StateUpdates { pairs: states.into_iter().map(|s| (format!("{prefix}{s}"), s.to_string())).collect() }
     }
 
+    /// Each state `s` whose output `{prefix}{s}` is among `outputs` is updated by it;
+    /// states without such an output (frozen parameters) stay as they are.
+    pub fn where_output_exists<'a>(
+        prefix: &str,
+        states: impl IntoIterator<Item = &'a str>,
+        outputs: &[String],
+    ) -> StateUpdates {
+        let mut updates = StateUpdates::by_prefix(prefix, states);
+        updates.pairs.retain(|(output, _)| outputs.contains(output));
+        updates
+    }
+
     /// The state an output updates, if any.
     pub fn state_of(&self, output: &str) -> Option<&str> {
         self.pairs.iter().find(|(o, _)| o == output).map(|(_, s)| s.as_str())

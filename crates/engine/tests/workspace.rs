@@ -85,3 +85,15 @@ fn state_stays_in_the_engine_and_matches_host_arithmetic() {
         assert!(ws.state("nope").unwrap_err().to_string().contains("no such state"), "{kind}");
     }
 }
+
+#[test]
+fn only_states_with_an_updated_output_are_paired() {
+    let outputs = vec!["loss".to_string(), "updated.w".to_string(), "updated.momentum.w".to_string()];
+    let updates = StateUpdates::where_output_exists("updated.", ["w", "momentum.w", "frozen.b"], &outputs);
+    assert_eq!(
+        updates.pairs,
+        vec![("updated.w".to_string(), "w".to_string()), ("updated.momentum.w".to_string(), "momentum.w".to_string())]
+    );
+    assert_eq!(updates.state_of("updated.w"), Some("w"));
+    assert_eq!(updates.state_of("loss"), None);
+}

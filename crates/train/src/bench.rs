@@ -5,7 +5,7 @@ use crate::error::{Result, TrainError};
 use crate::tensors::value_from_tensor;
 use edgefreeze_autodiff::artifacts::convert;
 use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
-use edgefreeze_autodiff::training::LOSS;
+use edgefreeze_autodiff::training::{LOSS, UPDATED_PREFIX};
 use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
 use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec};
 use edgefreeze_engine::{EngineKind, EngineOptions, StateUpdates, Value};
@@ -75,15 +75,9 @@ pub fn bench_training(
     let source = model_path.display().to_string();
     let artifacts = convert(&model, &source, &spec, 0, ("cross-entropy", "sgd", 0.01))?;
     let mut ws = edgefreeze_engine::workspace(engine, engine_options)?;
-    let outputs: Vec<&str> = artifacts.train_step.graph.outputs.iter().map(|o| o.name.as_str()).collect();
-    let updates = StateUpdates {
-        pairs: artifacts
-            .state
-            .iter()
-            .map(|(n, _)| (format!("updated.{n}"), n.clone()))
-            .filter(|(o, _)| outputs.contains(&o.as_str()))
-            .collect(),
-    };
+    let outputs: Vec<String> = artifacts.train_step.graph.outputs.iter().map(|o| o.name.clone()).collect();
+    let updates =
+        StateUpdates::where_output_exists(UPDATED_PREFIX, artifacts.state.iter().map(|(n, _)| n.as_str()), &outputs);
     let graph = ws.load_graph(&edgefreeze_graph::save::encode_model(&artifacts.train_step), updates)?;
     for (name, tensor) in &artifacts.state {
         ws.set_state(name, value_from_tensor(name, tensor)?)?;

@@ -9,7 +9,7 @@ use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
 use crate::tensors::scalar;
 use edgefreeze_autodiff::artifacts::{Manifest, files};
 use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
-use edgefreeze_autodiff::training::{CORRECT, LOSS};
+use edgefreeze_autodiff::training::{CORRECT, LOSS, UPDATED_PREFIX};
 use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
 use edgefreeze_data::named::{OpenOptions, Splits, open_with};
 use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
@@ -111,14 +111,11 @@ impl Trainer {
             std::fs::read(&path).map_err(crate::error::io("read", path))
         };
         let train_outputs: Vec<String> = manifest.train_step.outputs.iter().map(|p| p.name.clone()).collect();
-        let updates = StateUpdates {
-            pairs: manifest
-                .state
-                .iter()
-                .map(|s| (format!("updated.{}", s.name), s.name.clone()))
-                .filter(|(o, _)| train_outputs.contains(o))
-                .collect(),
-        };
+        let updates = StateUpdates::where_output_exists(
+            UPDATED_PREFIX,
+            manifest.state.iter().map(|s| s.name.as_str()),
+            &train_outputs,
+        );
         let train_graph = workspace.load_graph(&read(files::TRAIN_STEP)?, updates)?;
         let eval_graph = workspace.load_graph(&read(files::EVAL)?, StateUpdates::none())?;
         let inputs = workspace.inputs(train_graph);

@@ -95,9 +95,8 @@ fn load(
     let bytes = std::fs::read(dir.join("graphs/train_step.onnx")).unwrap();
     let model = edgefreeze_graph::load_model(dir.join("graphs/train_step.onnx")).unwrap();
     let outputs: Vec<String> = model.graph.outputs.iter().map(|o| o.name.clone()).collect();
-    let names: Vec<&str> =
-        state.iter().map(|(n, _)| n.as_str()).filter(|n| outputs.contains(&format!("updated.{n}"))).collect();
-    let graph = ws.load_graph(&bytes, StateUpdates::by_prefix("updated.", names)).unwrap();
+    let updates = StateUpdates::where_output_exists("updated.", state.iter().map(|(n, _)| n.as_str()), &outputs);
+    let graph = ws.load_graph(&bytes, updates).unwrap();
     for (name, value) in state {
         ws.set_state(name, value.clone()).unwrap();
     }
