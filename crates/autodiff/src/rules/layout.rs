@@ -165,7 +165,9 @@ fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
     Ok(grad)
 }
 
-/// The gradient of an embedding lookup along axis 0: one-hot rows times the output gradient.
+/// The gradient of an embedding lookup along axis 0: the rows of the output gradient added
+/// into zeros at their indices (`ScatterND` with `reduction="add"`, opset 16 on), or
+/// before opset 16 one-hot rows times the output gradient.
 fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     let axis = cx.node.attr_int("axis", 0)?;
     let shape = cx.fixed_shape(data)?;
@@ -184,14 +186,25 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     let negative = cx.e.op("Less", &[&flat, &zero], vec![]);
     let wrapped = cx.e.add(&flat, &n);
     let flat = cx.e.op("Where", &[&negative, &wrapped, &flat], vec![]);
+    let dy2 = cx.e.reshape(dy, &[-1, width]);
+    let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    if cx.e.opset >= 16 {
+        // Rows of dY added into zeros at their indices (repeated indices add up).
+        let size = cx.e.ints(&[rows, width]);
+        let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
+        let zeros = cx.e.op("ConstantOfShape", &[&size], vec![("value", Attribute::Tensor(zero))]);
+        let positions = cx.e.unsqueeze(&flat, &[1]);
+        let grad =
+            cx.e.op("ScatterND", &[&zeros, &positions, &dy2], vec![("reduction", Attribute::String(b"add".to_vec()))]);
+        return Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) });
+    }
+    // Before opset 16 ScatterND cannot add: a one-hot matrix times dY.
     let one = cx.e.int_scalar(1);
     let range = cx.e.op("Range", &[&zero, &n, &one], vec![]);
     let column = cx.e.unsqueeze(&flat, &[1]);
     let hit = cx.e.op("Equal", &[&column, &range], vec![]);
     let float = cx.e.float;
     let onehot = cx.e.cast(&hit, float);
-    let dy2 = cx.e.reshape(dy, &[-1, width]);
     let grad = cx.e.op("Gemm", &[&onehot, &dy2], vec![("transA", Attribute::Int(1))]);
-    let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) })
 }

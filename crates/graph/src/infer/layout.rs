@@ -17,6 +17,10 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
             cx.rank(0)?;
             (DataType::Int64, vec![])
         }
+        "ScatterND" => {
+            let (dtype, data) = cx.input(0)?;
+            (dtype, data.clone())
+        }
         "Pad" => {
             let (dtype, x) = cx.input(0)?;
             let pads = cx.const_ints(1)?.ok_or_else(|| cx.err("pads are required"))?;

@@ -118,6 +118,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Split", 1..=2, 1..=usize::MAX, Layout),
     spec!("Squeeze", 1..=2, 1..=1, Layout),
     spec!("Transpose", 1..=1, 1..=1, Layout),
+    spec!("ScatterND", 3..=3, 1..=1, Layout),
     spec!("Unsqueeze", 1..=2, 1..=1, Layout),
     spec!("Constant", 0..=0, 1..=1, Constant),
     spec!("ConstantOfShape", 1..=1, 1..=1, Constant),
