@@ -139,13 +139,7 @@ fn synthetic_batch(model: &edgefreeze_graph::Model, batch: usize) -> Result<(Val
     let mut rng = Lcg(0x5eed);
     let value = match input.dtype {
         Some(DataType::Int64) => {
-            let vocab = model
-                .graph
-                .nodes
-                .iter()
-                .filter(|node| node.op_type == "Gather" && node.inputs.get(1) == Some(&input.name))
-                .find_map(|node| model.graph.initializers.get(&node.inputs[0]).map(|t| t.dims()[0]))
-                .unwrap_or(2) as u64;
+            let vocab = crate::run::embedding_rows(model, &input.name).unwrap_or(2) as u64;
             Value::I64(
                 ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|_| (rng.next() % vocab) as i64).collect()).unwrap(),
             )

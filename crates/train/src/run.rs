@@ -118,6 +118,17 @@ impl ModelSource {
     }
 }
 
+/// The rows of the embedding table that token input `input` indexes (a `Gather` of an
+/// initializer by it): the vocabulary size the model was built for.
+pub(crate) fn embedding_rows(model: &edgefreeze_graph::Model, input: &str) -> Option<usize> {
+    model
+        .graph
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == "Gather" && n.inputs.get(1).is_some_and(|i| i == input))
+        .find_map(|n| model.graph.initializers.get(&n.inputs[0]).and_then(|t| t.dims().first().copied()))
+}
+
 /// Reads `manifest.json` of a converted folder.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(files::MANIFEST);

@@ -448,13 +448,7 @@ fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOpti
             open.seq_len = len as usize;
         }
         let model = edgefreeze_graph::load_model(graphs.join(files::FORWARD))?;
-        let vocab = model
-            .graph
-            .nodes
-            .iter()
-            .filter(|n| n.op_type == "Gather" && n.inputs.get(1) == Some(&input.name))
-            .find_map(|n| model.graph.initializers.get(&n.inputs[0]).map(|t| t.dims()[0]));
-        if let Some(v) = vocab {
+        if let Some(v) = crate::run::embedding_rows(&model, &input.name) {
             open.vocab_size = v;
         }
     }
