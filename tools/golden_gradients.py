@@ -294,6 +294,18 @@ COND_CATEGORY = {"logits": "logits", "grad": "grad", "grad_smooth": "grad", "gra
                  "running": "running", "sgd": "sgd", "nesterov": "nesterov", "adamw": "adamw_update"}
 
 
+def float32_errors(ref: dict, other: dict) -> dict:
+    """PyTorch's own float32 error per stored tensor: ``||f32 - f64||_2`` over the tensor's
+    elements (absolute, so that it is meaningful for analytically zero gradients too; for
+    a scalar it is ``|diff|``). Same weights, batch and steps as the stored reference.
+
+    An absolute norm serves every check at once: for parameters after an optimizer step
+    the difference of the updates ``(f32 - p0) - (f64 - p0)`` is the same vector, and a
+    relative error is this number divided by the norm of whatever the test compares."""
+    return {k: float(np.linalg.norm((other[k].astype(np.float64) - r.astype(np.float64)).ravel()))
+            for k, r in ref.items()}
+
+
 def zero_gradients(golden: dict) -> list:
     """Parameters whose float64 gradient is analytically zero (L2 norm < COND_ZERO_NORM)."""
     return sorted(k[len("grad/"):] for k, v in golden.items()
@@ -471,6 +483,7 @@ def process(name: str, models_dir: str, out_dir: str) -> dict:
     assert ort_diff < ORT_ATOL, f"{name}: float64 eval vs onnxruntime max abs diff {ort_diff:.3e}"
 
     dev = deviation(golden, f32, zero_grads)
+    f32_err = float32_errors(golden, f32)
 
     # BN running_var: PyTorch (unbiased batch variance) vs ONNX-spec (biased) update
     bn_unbiased_effect = 0.0
@@ -586,6 +599,9 @@ def process(name: str, models_dir: str, out_dir: str) -> dict:
                 "tries": chosen["tries"],
             },
             "float32_torch_vs_float64_reference": dev,
+            "float32_error_metric": ("||torch_float32 - torch_float64||_2 over the tensor's elements "
+                                     "(absolute; |diff| for a scalar); same weights, batch and steps"),
+            "float32_error_per_tensor": f32_err,
         },
         "tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in tensors.items()},
     }
