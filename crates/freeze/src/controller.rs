@@ -12,6 +12,7 @@
 //! ```
 
 use crate::error::{FreezeError, Result};
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 /// The controller's settings. Every number is a tunable default (PAPERS.md gives the
@@ -232,7 +233,9 @@ impl Controller {
     /// A learning-rate change from `old` to `new`: a drop by at least ρ unfreezes back to
     /// the set depth (if deeper), clears every history and asks for a new reference.
     pub fn on_lr_change(&mut self, old: f64, new: f64) -> Vec<Action> {
-        if !(new <= old / self.knobs.lr_drop) {
+        // A NaN rate compares as neither: no drop.
+        let dropped = matches!(new.partial_cmp(&(old / self.knobs.lr_drop)), Some(Ordering::Less | Ordering::Equal));
+        if !dropped {
             return Vec::new();
         }
         let text = format!("learning rate dropped from {old:.3e} to {new:.3e} (by at least {})", self.knobs.lr_drop);
@@ -308,7 +311,7 @@ mod tests {
         let mut c = Controller::new(knobs(), 3).unwrap();
         // Decreasing by 10% of its value per probe, with noise of ±2%, then flat at i ≥ 8.
         let curve = |_: usize, i: usize| {
-            let noise = if i % 2 == 0 { 0.02 } else { -0.02 };
+            let noise = if i.is_multiple_of(2) { 0.02 } else { -0.02 };
             if i < 8 { 1.0 - 0.1 * i as f64 + noise * 0.3 } else { 0.2 + noise * 0.01 }
         };
         let freezes = run(&mut c, 200, curve);

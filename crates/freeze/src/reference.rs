@@ -244,7 +244,10 @@ pub fn reference_model(
                 (format!("{base}.q"), format!("{base}.scale"), format!("{base}.zero"), format!("{base}.dq"));
             inits.insert(qname.clone(), Tensor::from_raw(DataType::Int32, vec![values.len()], q32)?);
             inits.insert(sname.clone(), Tensor::from_f32(vec![scales.len()], &scales)?);
-            inits.insert(zname.clone(), Tensor::from_raw(DataType::Int32, vec![scales.len()], vec![0; 4 * scales.len()])?);
+            inits.insert(
+                zname.clone(),
+                Tensor::from_raw(DataType::Int32, vec![scales.len()], vec![0; 4 * scales.len()])?,
+            );
             nodes.push(
                 Node::new(format!("{base}/dequantize"), "DequantizeLinear", &[&qname, &sname, &zname], &[&dname])
                     .with_attr("axis", Attribute::Int(0)),

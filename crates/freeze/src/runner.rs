@@ -225,7 +225,8 @@ fn rebuild(
     model: &Model,
     calibration: &Value,
 ) -> Result<(Box<dyn Session>, usize)> {
-    let input = &model.graph.inputs.first().ok_or_else(|| FreezeError::Reference("the model has no input".into()))?.name;
+    let input =
+        &model.graph.inputs.first().ok_or_else(|| FreezeError::Reference("the model has no input".into()))?.name;
     let (calibrate, names) = calibration_model(model)?;
     let mut s = edgefreeze_engine::load(engine, &edgefreeze_graph::save::encode_model(&calibrate), options)?;
     let outputs = s.run(&[(input.as_str(), calibration)])?;

@@ -38,8 +38,9 @@ fn batch() -> Value {
 }
 
 fn run(engine: &EngineKind, m: &Model, input: &Value) -> Vec<(String, Vec<f32>)> {
-    let mut s = edgefreeze_engine::load(engine, &encode_model(m), &EngineOptions { threads: Some(1), ..Default::default() })
-        .unwrap();
+    let mut s =
+        edgefreeze_engine::load(engine, &encode_model(m), &EngineOptions { threads: Some(1), ..Default::default() })
+            .unwrap();
     let name = m.graph.inputs[0].name.clone();
     let out = s.run(&[(name.as_str(), input)]).unwrap();
     s.output_names().iter().cloned().zip(out.iter().map(|v| v.as_f32().unwrap().iter().copied().collect())).collect()
@@ -50,7 +51,12 @@ fn find<'a>(outs: &'a [(String, Vec<f32>)], name: &str) -> &'a [f32] {
 }
 
 /// The int8 reference of `m` calibrated on `input`, run on `engine`.
-fn reference_outputs(engine: &EngineKind, m: &Model, probes: &[usize], input: &Value) -> (Model, Vec<(String, Vec<f32>)>) {
+fn reference_outputs(
+    engine: &EngineKind,
+    m: &Model,
+    probes: &[usize],
+    input: &Value,
+) -> (Model, Vec<(String, Vec<f32>)>) {
     let analysis = analyse(m).unwrap();
     let (calibrate, names) = calibration_model(m).unwrap();
     let outs = run(engine, &calibrate, input);
@@ -100,7 +106,10 @@ fn check(name: &str, engine: EngineKind) {
         // tensor; a perturbation ε of the Gram rows gives SP ≈ ε²/b (rows have unit
         // norm). 10 quantized tensors deep, ε ≲ 10%: SP < 0.01/16 ≈ 6e-4.
         assert!(sp_q < 6e-4, "{name} layer {l}: SP(float, int8) = {sp_q}");
-        assert!(sp_r > 10.0 * sp_q, "{name} layer {l}: a shuffled model is as close ({sp_r}) as the int8 copy ({sp_q})");
+        assert!(
+            sp_r > 10.0 * sp_q,
+            "{name} layer {l}: a shuffled model is as close ({sp_r}) as the int8 copy ({sp_q})"
+        );
     }
 }
 
@@ -122,7 +131,8 @@ fn int8_reference_of_resnet20_tracks_the_float_model_on_both_engines() {
 
 #[test]
 fn the_reference_model_passes_the_onnx_checker() {
-    let ok = std::process::Command::new("python3").args(["-c", "import onnx"]).output().is_ok_and(|o| o.status.success());
+    let ok =
+        std::process::Command::new("python3").args(["-c", "import onnx"]).output().is_ok_and(|o| o.status.success());
     if !ok {
         assert!(
             std::env::var("EDGEFREEZE_REQUIRE_PYTHON_ONNX").as_deref() != Ok("1"),

@@ -26,12 +26,9 @@ fn the_runner_rebuilds_and_measures_off_the_calling_thread() {
 
     runner.send(Request::Rebuild { step: 2, model: Box::new(m.clone()), calibration: input.clone() }).unwrap();
     // The float model's own activation: the int8 copy must be close to it.
-    let mut float = edgefreeze_engine::load(
-        &EngineKind::Tract,
-        &encode_model(&probe_model(&m, &analysis, &[1]).unwrap()),
-        &one,
-    )
-    .unwrap();
+    let mut float =
+        edgefreeze_engine::load(&EngineKind::Tract, &encode_model(&probe_model(&m, &analysis, &[1]).unwrap()), &one)
+            .unwrap();
     let outs = float.run(&[("input", &input)]).unwrap();
     let i = float.output_names().iter().position(|n| *n == probe_name(1)).unwrap();
     let train: Vec<f32> = outs[i].as_f32().unwrap().iter().copied().collect();

@@ -26,9 +26,9 @@ pub mod step;
 pub mod tensors;
 mod trainer;
 
+pub use control::{Controller, Outcome, Saved, StateView, StepReport};
 pub use error::{Result, TrainError};
 pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
-pub use control::{Controller, Outcome, Saved, StateView, StepReport};
 pub use schedule::{Decay, Schedule};
 pub use step::{ActivationStore, GraphSet, StepGraphs, StepRunner};
 pub use trainer::{TrainOptions, TrainSummary, Trainer, subset};

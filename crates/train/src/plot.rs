@@ -49,7 +49,12 @@ pub fn plot_training(records: &[Record], title: &str, path: &Path) -> Result<()>
 /// Draws the training curves with a controller's freezing timeline over them: the
 /// frozen depth after each decision as a green step line (scaled to each chart's height,
 /// its maximum labelled), and a dashed line at every freeze and unfreeze.
-pub fn plot_training_with_decisions(records: &[Record], decisions: &[Decision], title: &str, path: &Path) -> Result<()> {
+pub fn plot_training_with_decisions(
+    records: &[Record],
+    decisions: &[Decision],
+    title: &str,
+    path: &Path,
+) -> Result<()> {
     let fail = |message: String| TrainError::Plot { path: path.into(), message };
     ensure_font().map_err(fail)?;
     // Drawn next to the target and renamed over it, so a reader never sees half a PNG.

@@ -89,7 +89,13 @@ struct Graph {
 
 enum Loaded {
     Whole(Graph),
-    Cached { prefix: Graph, suffix: Graph, activation: String, sample_shape: Vec<usize>, store: Box<dyn ActivationStore> },
+    Cached {
+        prefix: Graph,
+        suffix: Graph,
+        activation: String,
+        sample_shape: Vec<usize>,
+        store: Box<dyn ActivationStore>,
+    },
 }
 
 /// Owns the workspace and the current graphs.
@@ -115,7 +121,15 @@ impl StepRunner {
     ) -> Result<StepRunner> {
         let eval = workspace.load_graph(eval, StateUpdates::none())?;
         let step = Loaded::Whole(load(workspace.as_mut(), &state_names, train_step)?);
-        Ok(StepRunner { workspace, state_names, input, label: "converted training step".into(), step, observing: None, eval })
+        Ok(StepRunner {
+            workspace,
+            state_names,
+            input,
+            label: "converted training step".into(),
+            step,
+            observing: None,
+            eval,
+        })
     }
 
     /// Switches to another graph set; every state tensor stays in the workspace.
@@ -262,9 +276,11 @@ fn cached_activation(
     }
     let fresh = if rows.iter().any(Option::is_none) {
         let out = run(ws, prefix, (input_name, input), &[])?;
-        let value = out.into_iter().find(|(n, _)| n == activation).map(|(_, v)| v).ok_or_else(|| {
-            TrainError::Config(format!("the prefix graph has no output {activation:?}"))
-        })?;
+        let value = out
+            .into_iter()
+            .find(|(n, _)| n == activation)
+            .map(|(_, v)| v)
+            .ok_or_else(|| TrainError::Config(format!("the prefix graph has no output {activation:?}")))?;
         let a = value.as_f32().cloned().ok_or_else(|| TrainError::Config(format!("{activation:?} is not f32")))?;
         if a.shape()[1..] != *sample_shape {
             return Err(TrainError::Config(format!(

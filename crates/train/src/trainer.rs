@@ -325,12 +325,7 @@ impl Trainer {
             let outputs = self.runner.step(&input, &labels, &indices, scalars, self.controller.observes(step))?;
             let (loss, correct) = (outputs.loss, outputs.correct);
             if !loss.is_finite() {
-                return Err(TrainError::Diverged {
-                    step,
-                    epoch,
-                    loss,
-                    checkpoint: Some(self.last_checkpoint.clone()),
-                });
+                return Err(TrainError::Diverged { step, epoch, loss, checkpoint: Some(self.last_checkpoint.clone()) });
             }
             self.steps_done = step;
             loss_sum += loss * len as f64;

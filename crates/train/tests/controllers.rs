@@ -36,7 +36,8 @@ impl Controller for Switcher {
         // The controller can read the live state.
         assert!(matches!(state.state("conv1.weight"), Ok(Value::F32(_))));
         self.switches += 1;
-        let graphs = GraphSet { label: "same graph again".into(), step: StepGraphs::Whole(self.graph.clone()), observing: None };
+        let graphs =
+            GraphSet { label: "same graph again".into(), step: StepGraphs::Whole(self.graph.clone()), observing: None };
         let decision = Decision {
             epoch: report.epoch,
             step: report.step,
@@ -49,7 +50,10 @@ impl Controller for Switcher {
         Ok(Outcome { switch: Some(graphs), decisions: vec![decision] })
     }
     fn save(&mut self) -> edgefreeze_train::Result<Option<Saved>> {
-        Ok(Some(Saved { json: serde_json::json!({ "switches": self.switches }), tensors: vec![("x".into(), Value::scalar_f32(1.5))] }))
+        Ok(Some(Saved {
+            json: serde_json::json!({ "switches": self.switches }),
+            tensors: vec![("x".into(), Value::scalar_f32(1.5))],
+        }))
     }
     fn status(&self) -> Option<String> {
         Some(format!("{} switches", self.switches))
@@ -107,7 +111,10 @@ fn switching_graphs_mid_epoch_keeps_every_state_tensor() {
     assert_eq!(strip(plain.path()), strip(switched.path()));
     let decisions = read_decisions(&switched.path().join("metrics.jsonl")).unwrap();
     assert_eq!(decisions.len(), 1);
-    assert_eq!((decisions[0].step, decisions[0].kind, decisions[0].history.clone()), (3, DecisionKind::Freeze, vec![0.5, 0.25]));
+    assert_eq!(
+        (decisions[0].step, decisions[0].kind, decisions[0].history.clone()),
+        (3, DecisionKind::Freeze, vec![0.5, 0.25])
+    );
     assert!(plot.is_file());
 
     // Resuming: the controller gets back what it saved with the last checkpoint.
