@@ -12,10 +12,14 @@
 //!   ONNX) built from the live parameters;
 //! - [`runner`]: that model on its own thread and engine, fed through a bounded queue;
 //! - [`cache`]: the frozen prefix's output per sample, in memory and spilled to a
-//!   checksummed file.
+//!   checksummed file;
+//! - [`egeria`]: all of it as a controller of the trainer (`--freeze auto`, and the
+//!   fixed-schedule baseline), switching to the `rewrite` crate's frozen-prefix and
+//!   cached prefix/suffix graphs in place.
 
 pub mod cache;
 pub mod controller;
+pub mod egeria;
 mod error;
 pub mod hash;
 pub mod reference;
