@@ -3,7 +3,7 @@
 use anyhow::{Context, Result, bail};
 use edgefreeze_engine::{EngineKind, EngineOptions};
 use edgefreeze_freeze::Knobs;
-use edgefreeze_freeze::egeria::{CacheSettings, FreezePlan, FreezeSettings, Freezer, parse_schedule};
+use edgefreeze_freeze::egeria::{CacheSettings, FreezePlan, FreezeSettings, Freezer, check_writable, parse_schedule};
 use edgefreeze_train::{ModelSource, Recipe, Schedule, TrainOptions, Trainer, create_run};
 use std::path::{Path, PathBuf};
 
@@ -176,6 +176,15 @@ fn parse_bytes(text: &str) -> Result<u64> {
     n.checked_mul(scale).ok_or_else(|| anyhow::anyhow!("--cache-memory {text:?} is too large"))
 }
 
+/// The number of layers of a model file or converted folder.
+fn layers_of(model: &Path) -> Result<usize> {
+    if model.join(edgefreeze_autodiff::artifacts::files::MANIFEST).is_file() {
+        return Ok(edgefreeze_train::run::layer_count_of_graphs(model)?);
+    }
+    let imported = edgefreeze_graph::import(model)?;
+    Ok(edgefreeze_graph::analyse(&imported)?.layers.len())
+}
+
 /// The freezing settings the flags ask for, for a model of `layers` layers.
 fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> Result<FreezeSettings> {
     let plan = match schedule {
@@ -236,14 +245,26 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 bail!("--batch and --epochs must be at least 1");
             }
             let dir = args.out.clone().unwrap_or_else(|| default_out(model, data));
+            // Freezing settings are checked before the run folder is made, so a refused
+            // flag leaves nothing behind.
+            let settings = match &freeze {
+                FreezeArg::Fixed(_) => None,
+                FreezeArg::Controlled(schedule) => {
+                    let settings = freeze_settings(args, schedule.as_deref(), layers_of(model)?)?;
+                    if settings.cache.enabled && args.augment.is_none() {
+                        check_writable(&settings.cache.dir.clone().unwrap_or_else(|| dir.join("cache")))
+                            .context("--cache-dir")?;
+                    }
+                    Some(settings)
+                }
+            };
             if !args.quiet {
                 eprintln!("converting {} into {}", model.display(), dir.display());
             }
             create_run(&dir, &source, data, &recipe)
                 .with_context(|| format!("creating the run in {}", dir.display()))?;
-            if let FreezeArg::Controlled(schedule) = &freeze {
-                let layers = edgefreeze_train::run::layer_count(&dir)?;
-                freeze_settings(args, schedule.as_deref(), layers)?.write(&dir)?;
+            if let Some(settings) = settings {
+                settings.write(&dir)?;
             }
             dir
         }

@@ -465,7 +465,7 @@ fn encode(model: std::result::Result<Model, edgefreeze_rewrite::RewriteError>) -
 }
 
 /// Checks that the cache folder can be created and written, with an error naming it.
-fn check_writable(dir: &Path) -> Result<()> {
+pub fn check_writable(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(crate::error::cache_io("create the cache folder", dir))?;
     let probe = dir.join(".writable");
     std::fs::write(&probe, b"").map_err(crate::error::cache_io("write into the cache folder", dir))?;
