@@ -7,7 +7,7 @@
 //! every E steps after a warm-up of B:     probe the candidate layer k
 //! observe(step, k, SP):                   history[k].push(SP)
 //!     last W values with |least-squares slope| < tol · mean  →  freeze k (k += 1)
-//! reference older than R steps            →  rebuild it
+//! reference older than R steps            →  rebuild it, start history[k] afresh
 //! learning rate ≤ old / ρ                 →  unfreeze to the set depth, clear histories, rebuild
 //! ```
 
@@ -54,8 +54,14 @@ impl Knobs {
         if !(self.tolerance.is_finite() && self.tolerance > 0.0) {
             return bad(format!("the tolerance {} must be a positive number", self.tolerance));
         }
-        if self.refresh == 0 {
-            return bad("the reference refresh period must be at least 1 update".into());
+        if self.refresh < self.every * self.window as u64 {
+            // Each rebuild starts the candidate's history afresh (values against two
+            // references are not one trend), so a window must fit between rebuilds.
+            return bad(format!(
+                "the reference refresh period ({}) must be at least every × window = {} updates",
+                self.refresh,
+                self.every * self.window as u64
+            ));
         }
         if !(self.lr_drop.is_finite() && self.lr_drop > 1.0) {
             return bad(format!("the learning-rate drop factor {} must be above 1", self.lr_drop));
@@ -193,8 +199,11 @@ impl Controller {
     }
 
     /// Records that the reference model was rebuilt from the parameters after `step`.
+    /// The candidate's history starts afresh: plasticity is measured against one
+    /// reference at a time, and values against two references are not one trend.
     pub fn reference_rebuilt(&mut self, step: u64) {
         self.state.reference_step = Some(step);
+        self.state.histories.remove(&self.state.depth);
     }
 
     /// Takes a plasticity value of `layer` measured after update `step`. A value for a
@@ -365,6 +374,10 @@ mod tests {
         c.reference_rebuilt(50);
         assert_eq!(c.reference_due(140), None);
         assert!(c.reference_due(150).is_some());
+        // A rebuild starts the candidate's history afresh.
+        c.observe(150, 0, 1.0);
+        c.reference_rebuilt(150);
+        assert!(c.state().histories.get(&0).is_none());
     }
 
     #[test]
@@ -386,6 +399,7 @@ mod tests {
             Knobs { tolerance: 0.0, ..knobs() },
             Knobs { lr_drop: 1.0, ..knobs() },
             Knobs { refresh: 0, ..knobs() },
+            Knobs { refresh: 39, ..knobs() },
         ] {
             assert!(Controller::new(k, 4).is_err());
         }

@@ -656,7 +656,11 @@ impl Freezer {
             take_reply(a, reply)?;
         }
         let mut actions = Vec::new();
-        if let Some(previous) = report.previous_lr {
+        // Only a step counts: the rate was constant over the two updates before. A cosine
+        // schedule's last updates fall by large factors too, smoothly, and do not.
+        if let [Some(previous), Some(before)] = report.previous_lrs
+            && previous == before
+        {
             let drop = a.logic.on_lr_change(previous, report.lr);
             if !drop.is_empty() {
                 // Values measured before the drop describe the old regime.
@@ -666,6 +670,7 @@ impl Freezer {
             actions.extend(drop);
         }
         let lag = a.logic.knobs().every.saturating_sub(1).max(1);
+        let mut measured = Vec::new();
         while let Some(i) = a.pending.iter().position(|p| p.apply_at <= step) {
             while a.pending[i].sp.is_none() {
                 let start = Instant::now();
@@ -674,7 +679,11 @@ impl Freezer {
                 take_reply(a, reply)?;
             }
             let p = a.pending.remove(i);
-            actions.extend(a.logic.observe(p.step, p.layer, p.sp.expect("waited for")));
+            let sp = p.sp.expect("waited for above");
+            if p.layer == a.logic.depth() {
+                measured.push((p.step, p.layer, sp));
+            }
+            actions.extend(a.logic.observe(p.step, p.layer, sp));
         }
         if let Some(layer) = a.logic.probe_due(step)
             && let Some((_, train)) = report.outputs.iter().find(|(n, _)| *n == probe_name(layer))
@@ -696,7 +705,18 @@ impl Freezer {
             a.pending.push(Pending { step, layer, apply_at: step + lag, sp: None });
             a.probes += 1;
         }
-        let mut decisions = Vec::new();
+        let mut decisions: Vec<Decision> = measured
+            .into_iter()
+            .map(|(at, layer, sp)| Decision {
+                epoch: self.epoch,
+                step,
+                kind: DecisionKind::Plasticity,
+                layer: Some(layer),
+                depth: self.depth,
+                history: vec![sp],
+                reason: format!("SP of layer {layer} against the reference, measured after update {at}"),
+            })
+            .collect();
         for action in actions {
             let (kind, layer, reason) = match action {
                 Action::Freeze { layer, reason } => {

@@ -130,8 +130,11 @@ fn auto(knobs: Knobs) -> FreezeSettings {
 }
 
 fn quick_knobs() -> Knobs {
-    // A loose tolerance so that layers freeze within a few epochs of a tiny run.
-    Knobs { every: 3, warmup: 3, window: 3, tolerance: 0.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0 }
+    // A tolerance so loose that layers freeze within a few epochs of a tiny run: after a
+    // rebuild, the SP of a layer that still learns grows about linearly from 0, a slope
+    // near its mean (the decision rule itself is unit-tested in controller.rs; this test
+    // is about the mechanics and exact resume).
+    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0 }
 }
 
 fn copy_dir(from: &Path, to: &Path) {

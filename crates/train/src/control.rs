@@ -55,8 +55,9 @@ pub struct StepReport<'a> {
     pub step: u64,
     /// The learning rate of this update.
     pub lr: f64,
-    /// The learning rate of the previous update (None for the first).
-    pub previous_lr: Option<f64>,
+    /// The learning rates of the previous update and of the one before it (None before
+    /// the first updates), so a controller can tell a step decay from a smooth one.
+    pub previous_lrs: [Option<f64>; 2],
     /// The batch loss.
     pub loss: f64,
     /// The batch's data input.

@@ -69,6 +69,8 @@ pub enum DecisionKind {
     CacheOn,
     /// Cached activations are no longer used (or cannot be).
     CacheOff,
+    /// A plasticity value was taken into a layer's history (`history` holds it).
+    Plasticity,
 }
 
 /// A controller's decision, as logged.

@@ -148,6 +148,8 @@ impl Observer for Progress {
     }
     fn on_event(&mut self, d: &Decision) -> Result<()> {
         let what = match d.kind {
+            // Measurements are for metrics.jsonl; a line each would bury the decisions.
+            DecisionKind::Plasticity => return Ok(()),
             DecisionKind::Freeze => format!("froze layer {}", d.layer.map_or("?".into(), |l| l.to_string())),
             DecisionKind::Unfreeze => format!("unfroze to depth {}", d.depth),
             DecisionKind::RebuildReference => "rebuilt the reference model".into(),

@@ -312,11 +312,11 @@ impl Trainer {
         let (mut loss_sum, mut correct_sum, mut seen) = (0.0, 0.0, 0usize);
         for batch in loader {
             let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
-            let previous_lr = (self.steps_done > 0).then(|| {
-                let previous = self.steps_done - 1;
-                let epoch_of_previous = epoch_of(previous, total, recipe.epochs);
-                recipe.schedule.rate(previous, total, epoch_of_previous)
-            });
+            let rate_back = |back: u64| {
+                let t = self.steps_done.checked_sub(back)?;
+                Some(recipe.schedule.rate(t, total, epoch_of(t, total, recipe.epochs)))
+            };
+            let previous_lrs = [rate_back(1), rate_back(2)];
             let len = batch.len();
             let indices = batch.indices.clone();
             let (input, labels) = batch_values(batch)?;
@@ -335,7 +335,7 @@ impl Trainer {
                 epoch,
                 step,
                 lr,
-                previous_lr,
+                previous_lrs,
                 loss,
                 input: &input,
                 indices: &indices,
