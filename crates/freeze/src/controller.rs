@@ -377,7 +377,7 @@ mod tests {
         // A rebuild starts the candidate's history afresh.
         c.observe(150, 0, 1.0);
         c.reference_rebuilt(150);
-        assert!(c.state().histories.get(&0).is_none());
+        assert!(!c.state().histories.contains_key(&0));
     }
 
     #[test]
