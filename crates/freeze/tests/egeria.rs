@@ -48,9 +48,13 @@ fn create(dir: &Path, recipe: &Recipe, settings: &FreezeSettings) {
 }
 
 fn train(dir: &Path) -> Trainer {
+    train_on(dir, EngineKind::Tract)
+}
+
+fn train_on(dir: &Path, engine: EngineKind) -> Trainer {
     let settings = FreezeSettings::read(dir).unwrap().unwrap();
-    let freezer = Freezer::new(dir, settings, EngineKind::Tract).unwrap();
-    let options = TrainOptions { engine: EngineKind::Tract, ..TrainOptions::default() };
+    let freezer = Freezer::new(dir, settings, engine.clone()).unwrap();
+    let options = TrainOptions { engine, ..TrainOptions::default() };
     let mut t = Trainer::open_with(dir, options, Box::new(freezer)).unwrap();
     t.run().unwrap();
     t
@@ -172,6 +176,15 @@ fn decisions(dir: &Path) -> Vec<Decision> {
 
 #[test]
 fn auto_freezing_resumes_bit_for_bit_after_freezing_mid_way() {
+    resumes_bit_for_bit(EngineKind::Tract);
+}
+
+#[test]
+fn auto_freezing_resumes_bit_for_bit_on_onnx_runtime() {
+    resumes_bit_for_bit(EngineKind::Ort(edgefreeze_engine::Provider::Cpu));
+}
+
+fn resumes_bit_for_bit(engine: EngineKind) {
     if !data_available() {
         return;
     }
@@ -179,7 +192,7 @@ fn auto_freezing_resumes_bit_for_bit_after_freezing_mid_way() {
     let recipe = recipe(4, "step:every=3,gamma=0.1");
     let whole = tempfile::tempdir().unwrap();
     create(whole.path(), &recipe, &auto(quick_knobs()));
-    let t = train(whole.path());
+    let t = train_on(whole.path(), engine.clone());
     let d = decisions(whole.path());
     let freezes: Vec<&Decision> = d.iter().filter(|d| d.kind == DecisionKind::Freeze).collect();
     assert!(!freezes.is_empty(), "nothing froze: {d:#?}");
@@ -222,7 +235,7 @@ fn auto_freezing_resumes_bit_for_bit_after_freezing_mid_way() {
         .map(String::from)
         .collect();
     std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
-    let r = train(resumed.path());
+    let r = train_on(resumed.path(), engine);
     assert_eq!(t.state().unwrap(), r.state().unwrap(), "parameters differ after resuming");
     assert_eq!(
         without_timings(read_records(&whole.path().join("metrics.jsonl")).unwrap()),
