@@ -25,7 +25,7 @@ enum Command {
     /// Turn an inference model into training-step, eval and gradient graphs.
     Convert(convert::ConvertArgs),
     /// Train a model on a dataset, with checkpoints, metrics and plots.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Write an inference model with a checkpoint's trained weights.
     Export(export::ExportArgs),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.

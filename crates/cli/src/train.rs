@@ -2,6 +2,8 @@
 
 use anyhow::{Context, Result, bail};
 use edgefreeze_engine::{EngineKind, EngineOptions};
+use edgefreeze_freeze::Knobs;
+use edgefreeze_freeze::egeria::{CacheSettings, FreezePlan, FreezeSettings, Freezer, check_writable, parse_schedule};
 use edgefreeze_train::{ModelSource, Recipe, Schedule, TrainOptions, Trainer, create_run};
 use std::path::{Path, PathBuf};
 
@@ -41,9 +43,48 @@ pub struct TrainArgs {
     /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
     #[arg(long, default_value = "cross-entropy")]
     pub loss: String,
-    /// Freeze the first N layers.
-    #[arg(long, default_value_t = 0)]
-    pub freeze: usize,
+    /// Freezing: N (the first N layers, for the whole run), `auto` (Egeria: layers freeze
+    /// front to back when their plasticity against an int8 reference model is stable;
+    /// unfrozen on a learning-rate drop), or `schedule:<update>=<layers>,...` (a fixed
+    /// schedule, e.g. `schedule:200=2,600=4`).
+    #[arg(long, default_value = "0")]
+    pub freeze: String,
+    /// --freeze auto: measure plasticity every E updates.
+    #[arg(long, default_value_t = Knobs::default().every)]
+    pub freeze_every: u64,
+    /// --freeze auto: no measurement during the first B updates.
+    #[arg(long, default_value_t = Knobs::default().warmup)]
+    pub freeze_warmup: u64,
+    /// --freeze auto: plasticity values the slope is fitted to.
+    #[arg(long, default_value_t = Knobs::default().window)]
+    pub freeze_window: usize,
+    /// --freeze auto: a layer is stable when |slope| < TOL × mean over the window.
+    #[arg(long, default_value_t = Knobs::default().tolerance)]
+    pub freeze_tol: f64,
+    /// --freeze auto: rebuild the reference model when it is R updates old.
+    #[arg(long, default_value_t = Knobs::default().refresh)]
+    pub freeze_refresh: u64,
+    /// --freeze auto: a learning-rate drop by at least this factor unfreezes.
+    #[arg(long, default_value_t = Knobs::default().lr_drop)]
+    pub freeze_lr_drop: f64,
+    /// --freeze auto: depth to unfreeze back to on such a drop.
+    #[arg(long, default_value_t = Knobs::default().unfreeze_to)]
+    pub freeze_unfreeze_to: usize,
+    /// --freeze auto: samples of the batch the reference model sees per measurement.
+    #[arg(long, default_value_t = 32)]
+    pub freeze_probe_batch: usize,
+    /// --freeze auto: threads of the reference model's engine.
+    #[arg(long, default_value_t = 1)]
+    pub freeze_reference_threads: usize,
+    /// Do not cache the frozen prefix's outputs.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Bytes of cached activations kept in memory (the rest spills to disk), e.g. 512M.
+    #[arg(long, default_value = "512M")]
+    pub cache_memory: String,
+    /// Folder of the activation cache (default: <run>/cache).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
     /// Seed of the data order, augmentation and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -95,13 +136,96 @@ fn default_out(model: &Path, data: &str) -> PathBuf {
     PathBuf::from("runs").join(format!("{stem}-{data}"))
 }
 
+/// What `--freeze` asks for.
+enum FreezeArg {
+    /// The first N layers for the whole run (converted that way).
+    Fixed(usize),
+    /// Auto or schedule: a controller (the schedule text is checked once the model's
+    /// layers are known).
+    Controlled(Option<String>),
+}
+
+fn parse_freeze(text: &str) -> Result<FreezeArg> {
+    if text == "auto" {
+        return Ok(FreezeArg::Controlled(None));
+    }
+    if let Some(points) = text.strip_prefix("schedule:") {
+        return Ok(FreezeArg::Controlled(Some(points.to_string())));
+    }
+    text.parse().map(FreezeArg::Fixed).map_err(|_| {
+        anyhow::anyhow!("--freeze {text:?}: use a number of layers, auto, or schedule:<update>=<layers>,...")
+    })
+}
+
+/// Parses a byte count: a number with an optional K, M or G suffix (powers of 1024).
+fn parse_bytes(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let scale: u64 = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => bail!("--cache-memory {text:?}: use a byte count such as 512M or 2G"),
+    };
+    let n: u64 =
+        digits.parse().map_err(|_| anyhow::anyhow!("--cache-memory {text:?}: use a byte count such as 512M"))?;
+    n.checked_mul(scale).ok_or_else(|| anyhow::anyhow!("--cache-memory {text:?} is too large"))
+}
+
+/// The number of layers of a model file or converted folder.
+fn layers_of(model: &Path) -> Result<usize> {
+    if model.join(edgefreeze_autodiff::artifacts::files::MANIFEST).is_file() {
+        return Ok(edgefreeze_train::run::layer_count_of_graphs(model)?);
+    }
+    let imported = edgefreeze_graph::import(model)?;
+    Ok(edgefreeze_graph::analyse(&imported)?.layers.len())
+}
+
+/// The freezing settings the flags ask for, for a model of `layers` layers.
+fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> Result<FreezeSettings> {
+    let plan = match schedule {
+        None => FreezePlan::Auto {
+            knobs: Knobs {
+                every: args.freeze_every,
+                warmup: args.freeze_warmup,
+                window: args.freeze_window,
+                tolerance: args.freeze_tol,
+                refresh: args.freeze_refresh,
+                lr_drop: args.freeze_lr_drop,
+                unfreeze_to: args.freeze_unfreeze_to,
+            },
+            probe_batch: args.freeze_probe_batch,
+            reference_threads: args.freeze_reference_threads,
+        },
+        Some(points) => FreezePlan::Schedule { points: parse_schedule(points, layers).context("--freeze schedule")? },
+    };
+    if let FreezePlan::Auto { knobs, .. } = &plan {
+        knobs.check().context("--freeze auto")?;
+    }
+    let cache = CacheSettings {
+        enabled: !args.no_cache,
+        memory_budget: parse_bytes(&args.cache_memory)?,
+        dir: args.cache_dir.clone(),
+    };
+    Ok(FreezeSettings { plan, cache })
+}
+
 /// Runs `train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let (engine, engine_options) = engine_settings(&args.engine, args.threads, args.ort_lib.clone())?;
+    let freeze = parse_freeze(&args.freeze)?;
     let dir = match (&args.resume, &args.model, &args.data) {
         (Some(dir), _, _) => dir.clone(),
         (None, Some(model), Some(data)) => {
-            let source = ModelSource::from_path(model, &args.loss, &args.optimizer, args.freeze);
+            let fixed = match freeze {
+                FreezeArg::Fixed(n) => n,
+                FreezeArg::Controlled(_) => 0,
+            };
+            let source = ModelSource::from_path(model, &args.loss, &args.optimizer, fixed);
             let lr = match args.lr {
                 Some(lr) => lr,
                 None => source.default_learning_rate()?,
@@ -121,11 +245,27 @@ pub fn run(args: &TrainArgs) -> Result<()> {
                 bail!("--batch and --epochs must be at least 1");
             }
             let dir = args.out.clone().unwrap_or_else(|| default_out(model, data));
+            // Freezing settings are checked before the run folder is made, so a refused
+            // flag leaves nothing behind.
+            let settings = match &freeze {
+                FreezeArg::Fixed(_) => None,
+                FreezeArg::Controlled(schedule) => {
+                    let settings = freeze_settings(args, schedule.as_deref(), layers_of(model)?)?;
+                    if settings.cache.enabled && args.augment.is_none() {
+                        check_writable(&settings.cache.dir.clone().unwrap_or_else(|| dir.join("cache")))
+                            .context("--cache-dir")?;
+                    }
+                    Some(settings)
+                }
+            };
             if !args.quiet {
                 eprintln!("converting {} into {}", model.display(), dir.display());
             }
             create_run(&dir, &source, data, &recipe)
                 .with_context(|| format!("creating the run in {}", dir.display()))?;
+            if let Some(settings) = settings {
+                settings.write(&dir)?;
+            }
             dir
         }
         _ => bail!("give --model and --data, or --resume RUN_DIR"),
@@ -137,7 +277,17 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         progress: !args.quiet,
         ..TrainOptions::default()
     };
-    let mut trainer = Trainer::open(&dir, options).with_context(|| format!("opening the run in {}", dir.display()))?;
+    let controller: Box<dyn edgefreeze_train::Controller> = match FreezeSettings::read(&dir)? {
+        Some(settings) => {
+            if args.resume.is_some() && args.freeze != "0" {
+                bail!("--freeze is part of the run's recipe: a resumed run keeps its own");
+            }
+            Box::new(Freezer::new(&dir, settings, engine.clone())?)
+        }
+        None => Box::new(edgefreeze_train::control::Fixed),
+    };
+    let mut trainer = Trainer::open_with(&dir, options, controller)
+        .with_context(|| format!("opening the run in {}", dir.display()))?;
     let spec = trainer.spec().clone();
     if !args.quiet {
         eprintln!(
@@ -161,6 +311,9 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         return Ok(());
     }
     let summary = trainer.run()?;
+    if let Some(text) = trainer.controller_summary() {
+        eprintln!("freezing: {text}");
+    }
     match summary.test_accuracy {
         Some(acc) => println!(
             "trained {} epochs ({} updates): test accuracy {:.2}%; checkpoint {}",

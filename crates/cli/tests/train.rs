@@ -1,4 +1,5 @@
-//! `edgefreeze train`, `export` and `bench` as a user runs them.
+//! `edgefreeze train` (with freezing: `--freeze auto|schedule:...`), `export` and `bench`
+//! as a user runs them.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -151,4 +152,80 @@ fn bench_writes_results_for_every_model_engine_and_batch() {
     }
     let table = std::fs::read_to_string(results.with_extension("md")).unwrap();
     assert!(table.contains("| lenet5 | 8 |"), "{table}");
+}
+
+fn train_lenet5(out: &Path, extra: &[&str]) -> Output {
+    let (model, out) = (model("lenet5.onnx").display().to_string(), out.display().to_string());
+    let mut args = vec![
+        "train",
+        "--model",
+        &model,
+        "--data",
+        "fashion-mnist",
+        "--epochs",
+        "1",
+        "--batch",
+        "32",
+        "--limit",
+        "320",
+        "--test-limit",
+        "64",
+        "--engine",
+        "tract",
+        "--out",
+        &out,
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    edgefreeze(&args)
+}
+
+#[test]
+fn bad_freezing_flags_are_refused_before_the_run_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let cache = blocker.join("cache").display().to_string();
+    for (flags, expected) in [
+        (vec!["--freeze", "schedule:5=9"], "cannot freeze 9 layers of a model with 5"),
+        (vec!["--freeze", "schedule:9=1,5=2"], "updates must increase"),
+        (vec!["--freeze", "schedule:"], "empty freezing schedule"),
+        (vec!["--freeze", "sometimes"], "--freeze \"sometimes\""),
+        (vec!["--freeze", "auto", "--freeze-window", "1"], "at least 2 values"),
+        (vec!["--freeze", "auto", "--cache-memory", "lots"], "--cache-memory"),
+        (vec!["--freeze", "auto", "--cache-dir", &cache], "cannot create the cache folder"),
+    ] {
+        let run = dir.path().join("run");
+        let out = train_lenet5(&run, &flags);
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        assert!(text(&out).contains(expected), "{flags:?}: {}", text(&out));
+        assert!(!run.join("run.json").exists(), "{flags:?} left a run folder behind");
+    }
+}
+
+#[test]
+fn a_schedule_logs_its_decisions_and_a_foreign_cache_is_recomputed() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("shared-cache").display().to_string();
+    let first = dir.path().join("first");
+    let out = train_lenet5(&first, &["--freeze", "schedule:4=1", "--cache-dir", &cache, "--seed", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("freezing: frozen 1/4"), "{}", text(&out));
+    let metrics = std::fs::read_to_string(first.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains(r#""kind":"freeze""#) && metrics.contains(r#""kind":"cache-on""#), "{metrics}");
+    // Another seed trains other weights before freezing: the cache on disk is not theirs.
+    let second = dir.path().join("second");
+    let out = train_lenet5(&second, &["--freeze", "schedule:4=1", "--cache-dir", &cache, "--seed", "2"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(second.join("metrics.jsonl")).unwrap();
+    assert!(
+        metrics.contains("discarded and is recomputed") && metrics.contains("other frozen parameters"),
+        "{metrics}"
+    );
+    // Resuming keeps the run's own freezing; another --freeze is refused.
+    let again = edgefreeze(&["train", "--resume", second.to_str().unwrap(), "--freeze", "auto"]);
+    assert!(text(&again).contains("a resumed run keeps its own"), "{}", text(&again));
 }

@@ -34,6 +34,9 @@ pub struct CheckpointInfo {
     pub step: u64,
     /// Test accuracy measured after this epoch, if evaluated.
     pub test_accuracy: Option<f64>,
+    /// The state of the run's controller (freezing depth, histories...), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<serde_json::Value>,
 }
 
 /// A checkpoint in memory.

@@ -1,4 +1,6 @@
-//! Training metrics as JSON Lines: one record per logged step and one per epoch.
+//! Training metrics as JSON Lines: one record per logged step, one per epoch, and one
+//! per controller decision (`"event": "decision"`: freezing, unfreezing, reference
+//! rebuilds, cache changes).
 
 use crate::error::{Result, io};
 use std::io::Write;
@@ -53,30 +55,88 @@ impl Record {
     }
 }
 
+/// What a controller decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecisionKind {
+    /// A layer was frozen.
+    Freeze,
+    /// Layers were unfrozen.
+    Unfreeze,
+    /// The reference model was rebuilt.
+    RebuildReference,
+    /// Cached activations are used from now on.
+    CacheOn,
+    /// Cached activations are no longer used (or cannot be).
+    CacheOff,
+    /// A plasticity value was taken into a layer's history (`history` holds it).
+    Plasticity,
+}
+
+/// A controller's decision, as logged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Decision {
+    /// Epoch (1-based).
+    pub epoch: usize,
+    /// The update after which it was taken.
+    pub step: u64,
+    /// What.
+    pub kind: DecisionKind,
+    /// The layer concerned, if one.
+    pub layer: Option<usize>,
+    /// Frozen layers after the decision.
+    pub depth: usize,
+    /// The measurements it rests on (plasticity values, oldest first).
+    pub history: Vec<f64>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+const DECISION_EVENT: &str = "decision";
+
+fn decision_line(d: &Decision) -> String {
+    let mut v = serde_json::to_value(d).expect("decisions serialise");
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert("event".into(), DECISION_EVENT.into());
+    }
+    v.to_string()
+}
+
 /// An append-only metrics file, flushed after every line so that a crash loses nothing.
 pub struct MetricsLog {
     path: PathBuf,
     file: std::fs::File,
     records: Vec<Record>,
+    decisions: Vec<Decision>,
 }
 
 impl MetricsLog {
     /// Opens the log for a run that has completed `epochs_done` epochs: records of later
     /// epochs (left by an interrupted run) are dropped, atomically, before appending.
     pub fn open(path: &Path, epochs_done: usize) -> Result<MetricsLog> {
-        let mut records = read_records(path)?;
-        let before = records.len();
-        records.retain(|r| r.epoch() <= epochs_done);
-        if records.len() != before || !path.exists() {
+        let lines = read_lines(path)?;
+        let before = lines.len();
+        let lines: Vec<Line> = lines.into_iter().filter(|l| l.epoch() <= epochs_done).collect();
+        if lines.len() != before || !path.exists() {
             let mut text = String::new();
-            for r in &records {
-                text.push_str(&serde_json::to_string(r).expect("records serialise"));
+            for l in &lines {
+                text.push_str(&match l {
+                    Line::Record(r) => serde_json::to_string(r).expect("records serialise"),
+                    Line::Decision(d) => decision_line(d),
+                });
                 text.push('\n');
             }
             edgefreeze_graph::save::write_atomically(path, text.as_bytes())?;
         }
         let file = std::fs::OpenOptions::new().append(true).open(path).map_err(io("open", path))?;
-        Ok(MetricsLog { path: path.into(), file, records })
+        let (mut records, mut decisions) = (Vec::new(), Vec::new());
+        for l in lines {
+            match l {
+                Line::Record(r) => records.push(r),
+                Line::Decision(d) => decisions.push(d),
+            }
+        }
+        Ok(MetricsLog { path: path.into(), file, records, decisions })
     }
 
     /// Appends a record.
@@ -89,25 +149,83 @@ impl MetricsLog {
         Ok(())
     }
 
+    /// Appends a decision.
+    pub fn push_decision(&mut self, decision: Decision) -> Result<()> {
+        let mut line = decision_line(&decision);
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(io("write", &self.path))?;
+        self.file.flush().map_err(io("write", &self.path))?;
+        self.decisions.push(decision);
+        Ok(())
+    }
+
     /// Every record so far, this run's and the resumed run's.
     pub fn records(&self) -> &[Record] {
         &self.records
     }
+
+    /// Every decision so far.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
 }
 
-/// Reads a metrics file; a missing file is empty. A damaged line is an error naming it.
-pub fn read_records(path: &Path) -> Result<Vec<Record>> {
+/// One line of the file.
+enum Line {
+    Record(Record),
+    Decision(Decision),
+}
+
+impl Line {
+    fn epoch(&self) -> usize {
+        match self {
+            Line::Record(r) => r.epoch(),
+            Line::Decision(d) => d.epoch,
+        }
+    }
+}
+
+fn read_lines(path: &Path) -> Result<Vec<Line>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("read", path)(e)),
     };
-    let mut records = Vec::new();
+    let mut lines = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        records.push(serde_json::from_str(line).map_err(|e| crate::TrainError::Checkpoint {
+        let bad = |e: serde_json::Error| crate::TrainError::Checkpoint {
             path: path.into(),
             message: format!("line {}: {e}", i + 1),
-        })?);
+        };
+        let value: serde_json::Value = serde_json::from_str(line).map_err(bad)?;
+        lines.push(if value.get("event").and_then(|e| e.as_str()) == Some(DECISION_EVENT) {
+            Line::Decision(serde_json::from_value(value).map_err(bad)?)
+        } else {
+            Line::Record(serde_json::from_value(value).map_err(bad)?)
+        });
     }
-    Ok(records)
+    Ok(lines)
+}
+
+/// Reads the decisions of a metrics file; a missing file has none.
+pub fn read_decisions(path: &Path) -> Result<Vec<Decision>> {
+    Ok(read_lines(path)?
+        .into_iter()
+        .filter_map(|l| match l {
+            Line::Decision(d) => Some(d),
+            Line::Record(_) => None,
+        })
+        .collect())
+}
+
+/// Reads the step and epoch records of a metrics file (decisions are skipped: see
+/// [`read_decisions`]); a missing file is empty. A damaged line is an error naming it.
+pub fn read_records(path: &Path) -> Result<Vec<Record>> {
+    Ok(read_lines(path)?
+        .into_iter()
+        .filter_map(|l| match l {
+            Line::Record(r) => Some(r),
+            Line::Decision(_) => None,
+        })
+        .collect())
 }

@@ -2,7 +2,7 @@
 //! with a TrueType font read from the system (Debian's `fonts-dejavu-core`).
 
 use crate::error::{Result, TrainError};
-use crate::metrics::Record;
+use crate::metrics::{Decision, DecisionKind, Record};
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -43,18 +43,46 @@ pub(crate) fn ensure_font() -> std::result::Result<(), String> {
 /// Draws training curves: loss per logged step and test loss per epoch on the left,
 /// training and test accuracy per epoch on the right.
 pub fn plot_training(records: &[Record], title: &str, path: &Path) -> Result<()> {
+    plot_training_with_decisions(records, &[], title, path)
+}
+
+/// Draws the training curves with a controller's freezing timeline over them: the
+/// frozen depth after each decision as a green step line (scaled to each chart's height,
+/// its maximum labelled), and a dashed line at every freeze and unfreeze.
+pub fn plot_training_with_decisions(
+    records: &[Record],
+    decisions: &[Decision],
+    title: &str,
+    path: &Path,
+) -> Result<()> {
     let fail = |message: String| TrainError::Plot { path: path.into(), message };
     ensure_font().map_err(fail)?;
     // Drawn next to the target and renamed over it, so a reader never sees half a PNG.
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
     let partial = path.with_file_name(format!(".{name}.partial.png"));
-    draw(records, title, &partial).map_err(|e| fail(e.to_string()))?;
+    draw(records, decisions, title, &partial).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
 }
 
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
-fn draw(records: &[Record], title: &str, path: &Path) -> DrawResult {
+/// The frozen depth over the run as (step, depth) corners of a step line, and the steps
+/// of freezes and unfreezes.
+fn timeline(decisions: &[Decision], last_step: f64) -> (Vec<(f64, f64)>, Vec<f64>) {
+    let mut line = vec![(0.0, 0.0)];
+    let mut marks = Vec::new();
+    for d in decisions.iter().filter(|d| matches!(d.kind, DecisionKind::Freeze | DecisionKind::Unfreeze)) {
+        let (x, previous) = (d.step as f64, line.last().map_or(0.0, |p| p.1));
+        line.push((x, previous));
+        line.push((x, d.depth as f64));
+        marks.push(x);
+    }
+    let depth = line.last().map_or(0.0, |p| p.1);
+    line.push((last_step, depth));
+    (line, marks)
+}
+
+fn draw(records: &[Record], decisions: &[Decision], title: &str, path: &Path) -> DrawResult {
     let mut steps = Vec::new();
     let mut epochs = Vec::new();
     for r in records {
@@ -90,6 +118,19 @@ fn draw(records: &[Record], title: &str, path: &Path) -> DrawResult {
         .label("test (epoch)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
     chart.draw_series(test_loss.iter().map(|&p| Circle::new(p, 4, RED.filled())))?;
+    let (depths, marks) = timeline(decisions, max_step);
+    let deepest = depths.iter().map(|p| p.1).fold(0.0, f64::max);
+    if !marks.is_empty() {
+        let scale = max_loss * 0.9 / deepest.max(1.0);
+        let green = RGBColor(0, 140, 60);
+        chart
+            .draw_series(LineSeries::new(depths.iter().map(|&(x, d)| (x, d * scale)), green.stroke_width(2)))?
+            .label(format!("frozen layers (top = {deepest:.0})"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], green));
+        for &x in &marks {
+            chart.draw_series(DashedLineSeries::new([(x, 0.0), (x, max_loss)], 4, 4, green.mix(0.5).into()))?;
+        }
+    }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
 
     let max_epoch = epochs.iter().map(|e| e.0).fold(1.0, f64::max);
@@ -110,6 +151,25 @@ fn draw(records: &[Record], title: &str, path: &Path) -> DrawResult {
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    // The timeline against epochs: an update's position is its fraction of the epoch it ends in.
+    let steps_per_epoch = epochs.first().map_or(1.0, |e| e.1.max(1.0));
+    if !marks.is_empty() {
+        let green = RGBColor(0, 140, 60);
+        let scale = (100.0 - low) * 0.9 / deepest.max(1.0);
+        let to_epoch = |s: f64| s / steps_per_epoch;
+        chart.draw_series(LineSeries::new(
+            depths.iter().map(|&(x, d)| (to_epoch(x), low + d * scale)),
+            green.stroke_width(2),
+        ))?;
+        for &x in &marks {
+            chart.draw_series(DashedLineSeries::new(
+                [(to_epoch(x), low), (to_epoch(x), 100.0)],
+                4,
+                4,
+                green.mix(0.5).into(),
+            ))?;
+        }
     }
     chart
         .configure_series_labels()

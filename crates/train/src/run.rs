@@ -129,6 +129,15 @@ pub(crate) fn embedding_rows(model: &edgefreeze_graph::Model, input: &str) -> Op
         .find_map(|n| model.graph.initializers.get(&n.inputs[0]).and_then(|t| t.dims().first().copied()))
 }
 
+/// The number of layers of a converted folder's model, from its manifest's analysis.
+pub fn layer_count_of_graphs(graphs: &Path) -> Result<usize> {
+    let manifest = read_manifest(graphs)?;
+    manifest.analysis.get("layers").and_then(|l| l.as_array()).map(Vec::len).ok_or_else(|| TrainError::Checkpoint {
+        path: graphs.join(files::MANIFEST),
+        message: "has no layer analysis".into(),
+    })
+}
+
 /// Reads `manifest.json` of a converted folder.
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let path = dir.join(files::MANIFEST);

@@ -3,18 +3,16 @@
 //! every epoch, metrics to JSON Lines and curves to PNG.
 
 use crate::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoint_path, list_checkpoints, read_tensors};
+use crate::control::{Controller, Fixed, Opening, Outcome, SAVED_TENSOR_PREFIX, Saved, StepReport};
 use crate::error::{Result, TrainError};
-use crate::metrics::{MetricsLog, Record};
+use crate::metrics::{Decision, MetricsLog, Record};
+use crate::observe::{Checkpoints, EpochEvent, Metrics, Observer, Plot, Progress, StepEvent};
 use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
-use crate::tensors::scalar;
+use crate::step::{StepRunner, StepScalars};
 use edgefreeze_autodiff::artifacts::{Manifest, files};
-use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
-use edgefreeze_autodiff::training::{CORRECT, LOSS, UPDATED_PREFIX};
-use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
 use edgefreeze_data::named::{OpenOptions, Splits, open_with};
 use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
-use edgefreeze_engine::{EngineKind, EngineOptions, GraphId, StateUpdates, Value, Workspace};
-use indicatif::{ProgressBar, ProgressStyle};
+use edgefreeze_engine::{EngineKind, EngineOptions, Value};
 use ndarray::{ArrayD, IxDyn};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -73,12 +71,10 @@ pub struct Trainer {
     options: TrainOptions,
     manifest: Manifest,
     data: Splits,
-    workspace: Box<dyn Workspace>,
-    train_graph: GraphId,
-    eval_graph: GraphId,
-    input: String,
-    takes_step: bool,
-    takes_dropout_seed: bool,
+    runner: StepRunner,
+    controller: Box<dyn Controller>,
+    /// Decisions the controller took when the run opened, logged when training starts.
+    opening_decisions: Vec<Decision>,
     epochs_done: usize,
     steps_done: u64,
     last_checkpoint: PathBuf,
@@ -90,6 +86,12 @@ impl Trainer {
     /// checkpoint; a run without one starts from the converted initial state and writes
     /// it as checkpoint 0.
     pub fn open(dir: &Path, options: TrainOptions) -> Result<Trainer> {
+        Trainer::open_with(dir, options, Box::new(Fixed))
+    }
+
+    /// Opens a run driven by `controller`, which may switch graphs between updates; its
+    /// state is restored from the checkpoint the run continues from.
+    pub fn open_with(dir: &Path, options: TrainOptions, mut controller: Box<dyn Controller>) -> Result<Trainer> {
         let spec = open_run(dir)?;
         let graphs = dir.join(GRAPHS_DIR);
         let manifest = read_manifest(&graphs)?;
@@ -105,25 +107,17 @@ impl Trainer {
         let data = open_data(&spec.data, &graphs, &manifest, &options)?;
         check_fit(&data, &manifest)?;
 
-        let mut workspace = edgefreeze_engine::workspace(&options.engine, &options.engine_options)?;
+        let workspace = edgefreeze_engine::workspace(&options.engine, &options.engine_options)?;
         let read = |file: &str| {
             let path = graphs.join(file);
             std::fs::read(&path).map_err(crate::error::io("read", path))
         };
-        let train_outputs: Vec<String> = manifest.train_step.outputs.iter().map(|p| p.name.clone()).collect();
-        let updates = StateUpdates::where_output_exists(
-            UPDATED_PREFIX,
-            manifest.state.iter().map(|s| s.name.as_str()),
-            &train_outputs,
-        );
-        let train_graph = workspace.load_graph(&read(files::TRAIN_STEP)?, updates)?;
-        let eval_graph = workspace.load_graph(&read(files::EVAL)?, StateUpdates::none())?;
-        let inputs = workspace.inputs(train_graph);
-        let takes_step = inputs.iter().any(|i| i == STEP);
-        let takes_dropout_seed = inputs.iter().any(|i| i == DROPOUT_SEED);
+        let state_names = manifest.state.iter().map(|s| s.name.clone()).collect();
+        let mut runner =
+            StepRunner::new(workspace, state_names, input, &read(files::TRAIN_STEP)?, &read(files::EVAL)?)?;
 
         let checkpoints = list_checkpoints(dir)?;
-        let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
+        let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy, saved) = match checkpoints.last() {
             Some((_, path)) => {
                 let c = Checkpoint::read(path)?;
                 if c.info.epoch > spec.recipe.epochs {
@@ -135,14 +129,23 @@ impl Trainer {
                         ),
                     });
                 }
-                (c.state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy)
+                let saved = c.info.controller.clone().map(|json| Saved {
+                    json,
+                    tensors: c
+                        .state
+                        .iter()
+                        .filter_map(|(n, v)| n.strip_prefix(SAVED_TENSOR_PREFIX).map(|n| (n.to_string(), v.clone())))
+                        .collect(),
+                });
+                (c.state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy, saved)
             }
             None => {
                 let state = read_tensors(&graphs.join(files::STATE))?;
                 let path = checkpoint_path(dir, 0);
-                let info = CheckpointInfo { format: FORMAT.into(), epoch: 0, step: 0, test_accuracy: None };
+                let info =
+                    CheckpointInfo { format: FORMAT.into(), epoch: 0, step: 0, test_accuracy: None, controller: None };
                 Checkpoint { info, state: state.clone() }.write(&path)?;
-                (state, 0, 0, path, None)
+                (state, 0, 0, path, None, None)
             }
         };
         for entry in &manifest.state {
@@ -152,7 +155,12 @@ impl Trainer {
                     message: format!("has no tensor {:?} ({})", entry.name, entry.role),
                 }
             })?;
-            workspace.set_state(&entry.name, value)?;
+            runner.set_state(&entry.name, value)?;
+        }
+        let opening = Opening { run_dir: dir, step: steps_done, epoch: epochs_done, saved };
+        let Outcome { switch, decisions } = controller.open(opening, &runner)?;
+        if let Some(graphs) = switch {
+            runner.switch(graphs)?;
         }
         Ok(Trainer {
             dir: dir.into(),
@@ -160,12 +168,9 @@ impl Trainer {
             options,
             manifest,
             data,
-            workspace,
-            train_graph,
-            eval_graph,
-            input,
-            takes_step,
-            takes_dropout_seed,
+            runner,
+            controller,
+            opening_decisions: decisions,
             epochs_done,
             steps_done,
             last_checkpoint,
@@ -190,7 +195,7 @@ impl Trainer {
 
     /// Copies the current training state out of the engine, in manifest order.
     pub fn state(&self) -> Result<Vec<(String, Value)>> {
-        self.manifest.state.iter().map(|e| Ok((e.name.clone(), self.workspace.state(&e.name)?))).collect()
+        self.manifest.state.iter().map(|e| Ok((e.name.clone(), self.runner.state(&e.name)?))).collect()
     }
 
     fn train_samples(&self) -> usize {
@@ -212,29 +217,45 @@ impl Trainer {
         (self.spec.recipe.epochs * batch_count(self.train_samples(), self.spec.recipe.batch)) as u64
     }
 
+    /// The graphs the run uses now, in words.
+    pub fn graphs_label(&self) -> &str {
+        self.runner.label()
+    }
+
+    /// The controller's summary (overheads, cache sizes), if it has one.
+    pub fn controller_summary(&self) -> Option<String> {
+        self.controller.summary()
+    }
+
     /// Trains the remaining epochs. A non-finite loss stops training with
     /// [`TrainError::Diverged`]; checkpoints on disk are left as they were.
     pub fn run(&mut self) -> Result<TrainSummary> {
-        let mut metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
+        let metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
+        let mut observers: Vec<Box<dyn Observer>> = vec![Box::new(Checkpoints)];
+        if let Some(plot) = &self.options.plot {
+            let title = format!("{} on {} ({})", model_label(&self.spec.model), self.spec.data, self.options.engine);
+            observers.push(Box::new(Plot::new(plot.clone(), title, metrics.records(), metrics.decisions())));
+        }
+        observers.insert(1, Box::new(Metrics(metrics)));
+        if self.options.progress {
+            observers.push(Box::new(Progress::default()));
+        }
+        for d in std::mem::take(&mut self.opening_decisions) {
+            observers.iter_mut().try_for_each(|o| o.on_event(&d))?;
+        }
         let mut samples_per_s = None;
         while self.epochs_done < self.spec.recipe.epochs {
             let epoch = self.epochs_done + 1;
-            let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut metrics)?;
+            let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut observers)?;
             let (test_loss, test_accuracy) = self.evaluate()?;
             let rate = samples as f64 / seconds.max(1e-9);
             samples_per_s = Some(rate);
             let path = checkpoint_path(&self.dir, epoch);
-            let info = CheckpointInfo {
-                format: FORMAT.into(),
-                epoch,
-                step: self.steps_done,
-                test_accuracy: Some(test_accuracy),
-            };
-            Checkpoint { info, state: self.state()? }.write(&path)?;
-            self.epochs_done = epoch;
-            self.last_checkpoint = path;
-            self.last_test_accuracy = Some(test_accuracy);
-            metrics.push(Record::Epoch {
+            // The cache and the controller's work in flight are settled before the state is
+            // saved, so a resumed run finds exactly what this one had.
+            self.runner.persist_store()?;
+            let saved = self.controller.save()?;
+            let record = Record::Epoch {
                 epoch,
                 step: self.steps_done,
                 train_loss,
@@ -243,25 +264,19 @@ impl Trainer {
                 test_accuracy,
                 train_seconds: seconds,
                 samples_per_s: rate,
-            })?;
-            if self.options.progress {
-                eprintln!(
-                    "epoch {epoch}/{}: train loss {train_loss:.4} acc {:.2}% | test loss {test_loss:.4} acc {:.2}% | \
-                     {rate:.0} samples/s | {}",
-                    self.spec.recipe.epochs,
-                    100.0 * train_accuracy,
-                    100.0 * test_accuracy,
-                    self.last_checkpoint.display()
-                );
-            }
-            if let Some(plot) = &self.options.plot {
-                let title =
-                    format!("{} on {} ({})", model_label(&self.spec.model), self.spec.data, self.options.engine);
-                // A plot that cannot be drawn (no font, say) must not stop training.
-                if let Err(e) = crate::plot::plot_training(metrics.records(), &title, plot) {
-                    eprintln!("warning: {e}");
-                }
-            }
+            };
+            let state = self.state()?;
+            let event = EpochEvent {
+                record: &record,
+                epochs: self.spec.recipe.epochs,
+                state: &state,
+                saved: saved.as_ref(),
+                checkpoint: &path,
+            };
+            observers.iter_mut().try_for_each(|o| o.on_epoch(&event))?;
+            self.epochs_done = epoch;
+            self.last_checkpoint = path;
+            self.last_test_accuracy = Some(test_accuracy);
         }
         Ok(TrainSummary {
             epochs: self.epochs_done,
@@ -273,7 +288,7 @@ impl Trainer {
     }
 
     /// One epoch of updates → (mean loss, accuracy, seconds, samples).
-    fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
+    fn train_epoch(&mut self, epoch: usize, observers: &mut [Box<dyn Observer>]) -> Result<(f64, f64, f64, usize)> {
         let recipe = self.spec.recipe.clone();
         let samples = self.train_indices();
         let augmentation = recipe.augmentation()?;
@@ -290,66 +305,63 @@ impl Trainer {
                 start_batch: 0,
             },
         )?;
-        let bar = self.progress_bar(loader.remaining() as u64, &format!("epoch {epoch}/{}", recipe.epochs));
+        let batches = loader.remaining() as u64;
+        observers.iter_mut().try_for_each(|o| o.on_epoch_start(epoch, recipe.epochs, batches))?;
         let total = self.total_steps();
         let start = Instant::now();
         let (mut loss_sum, mut correct_sum, mut seen) = (0.0, 0.0, 0usize);
         for batch in loader {
             let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
+            let rate_back = |back: u64| {
+                let t = self.steps_done.checked_sub(back)?;
+                Some(recipe.schedule.rate(t, total, epoch_of(t, total, recipe.epochs)))
+            };
+            let previous_lrs = [rate_back(1), rate_back(2)];
             let len = batch.len();
-            let (loss, correct) = self.train_step(batch, lr)?;
+            let indices = batch.indices.clone();
+            let (input, labels) = batch_values(batch)?;
+            let step = self.steps_done + 1;
+            let scalars = StepScalars { lr, step, dropout_seed: dropout_seed(recipe.seed, self.steps_done) };
+            let outputs = self.runner.step(&input, &labels, &indices, scalars, self.controller.observes(step))?;
+            let (loss, correct) = (outputs.loss, outputs.correct);
             if !loss.is_finite() {
-                bar.abandon();
-                return Err(TrainError::Diverged {
-                    step: self.steps_done + 1,
-                    epoch,
-                    loss,
-                    checkpoint: Some(self.last_checkpoint.clone()),
-                });
+                return Err(TrainError::Diverged { step, epoch, loss, checkpoint: Some(self.last_checkpoint.clone()) });
             }
-            self.steps_done += 1;
+            self.steps_done = step;
             loss_sum += loss * len as f64;
             correct_sum += correct;
             seen += len;
-            let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
-            if self.steps_done.is_multiple_of(recipe.log_every.max(1)) {
-                metrics.push(Record::Step {
-                    epoch,
-                    step: self.steps_done,
-                    loss,
-                    accuracy: correct / len as f64,
-                    lr,
-                    samples_per_s: rate,
-                })?;
+            let report = StepReport {
+                epoch,
+                step,
+                lr,
+                previous_lrs,
+                loss,
+                input: &input,
+                indices: &indices,
+                outputs: &outputs.extra,
+            };
+            let Outcome { switch, decisions } = self.controller.after_step(&report, &self.runner)?;
+            if let Some(graphs) = switch {
+                self.runner.switch(graphs)?;
             }
-            bar.inc(1);
-            bar.set_message(format!(
-                "loss {:.4} acc {:.2}% {rate:.0} samples/s lr {lr:.4}",
-                loss_sum / seen as f64,
-                100.0 * correct_sum / seen as f64
-            ));
+            for d in &decisions {
+                observers.iter_mut().try_for_each(|o| o.on_event(d))?;
+            }
+            let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
+            let record = Record::Step { epoch, step, loss, accuracy: correct / len as f64, lr, samples_per_s: rate };
+            let status = self.controller.status();
+            let event = StepEvent {
+                record: &record,
+                logged: step.is_multiple_of(recipe.log_every.max(1)),
+                mean_loss: loss_sum / seen as f64,
+                mean_accuracy: correct_sum / seen as f64,
+                status: status.as_deref(),
+            };
+            observers.iter_mut().try_for_each(|o| o.on_step(&event))?;
         }
-        bar.finish_and_clear();
         let seconds = start.elapsed().as_secs_f64();
         Ok((loss_sum / seen.max(1) as f64, correct_sum / seen.max(1) as f64, seconds, seen))
-    }
-
-    /// Runs one update on a batch → (loss, correct predictions).
-    fn train_step(&mut self, batch: Batch, lr: f64) -> Result<(f64, f64)> {
-        let (input, labels) = batch_values(batch)?;
-        let lr = Value::scalar_f32(lr as f32);
-        let step = Value::scalar_i64(self.steps_done as i64 + 1);
-        let seed = Value::scalar_i64(dropout_seed(self.spec.recipe.seed, self.steps_done));
-        let mut inputs: Vec<(&str, &Value)> =
-            vec![(self.input.as_str(), &input), ("labels", &labels), (LEARNING_RATE, &lr)];
-        if self.takes_step {
-            inputs.push((STEP, &step));
-        }
-        if self.takes_dropout_seed {
-            inputs.push((DROPOUT_SEED, &seed));
-        }
-        let outputs = self.workspace.run(self.train_graph, &inputs)?;
-        loss_and_correct(&outputs)
     }
 
     /// Mean loss and accuracy on the test split (or its first `test_limit` samples).
@@ -366,25 +378,11 @@ impl Trainer {
         for batch in loader {
             let len = batch.len();
             let (input, labels) = batch_values(batch)?;
-            let outputs = self.workspace.run(self.eval_graph, &[(self.input.as_str(), &input), ("labels", &labels)])?;
-            let (loss, correct) = loss_and_correct(&outputs)?;
+            let (loss, correct) = self.runner.evaluate(&input, &labels)?;
             loss_sum += loss * len as f64;
             correct_sum += correct;
         }
         Ok((loss_sum / n.max(1) as f64, correct_sum / n.max(1) as f64))
-    }
-
-    fn progress_bar(&self, len: u64, prefix: &str) -> ProgressBar {
-        if !self.options.progress {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(len);
-        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_prefix(prefix.to_string());
-        bar
     }
 }
 
@@ -406,6 +404,12 @@ fn model_label(model: &str) -> String {
     Path::new(model).file_stem().map_or(model.to_string(), |s| s.to_string_lossy().into_owned())
 }
 
+/// The epoch (0-based) update `t` of `total` falls in, for a run of `epochs` equal epochs.
+fn epoch_of(t: u64, total: u64, epochs: usize) -> usize {
+    let per_epoch = (total / epochs.max(1) as u64).max(1);
+    ((t / per_epoch) as usize).min(epochs.saturating_sub(1))
+}
+
 /// A per-update dropout seed: a function of the run's seed and the update index, so a
 /// resumed run draws the same masks.
 fn dropout_seed(seed: u64, step: u64) -> i64 {
@@ -425,16 +429,6 @@ fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     };
     let labels = Value::I64(ArrayD::from_shape_vec(IxDyn(&[len]), batch.labels).map_err(bad)?);
     Ok((input, labels))
-}
-
-fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
-    let find = |name: &str| outputs.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-    let loss = find(LOSS).ok_or_else(|| TrainError::Config("the graph has no loss output".into()))?;
-    let correct = match find(CORRECT) {
-        Some(c) => scalar(CORRECT, c)?,
-        None => 0.0,
-    };
-    Ok((scalar(LOSS, loss)?, correct))
 }
 
 /// Opens the run's dataset; text datasets take their sequence length from the model's

@@ -1,0 +1,426 @@
+//! The activation cache: the frozen prefix's output for each training sample, computed
+//! once and served to later epochs.
+//!
+//! A record is keyed by what determines the prefix's input — the sample index and an
+//! augmentation key (0 when augmentation is off) — and the cache as a whole by the cut,
+//! the model and a hash of the frozen parameters ([`CacheIdentity`]), so an activation
+//! computed from another input or another prefix is never served. Records live in memory
+//! up to a byte budget; the rest spill to one file, each with an FNV-64 checksum over its
+//! key and bytes. A record whose checksum fails is reported and treated as a miss, so
+//! the caller recomputes it. [`ActivationCache::persist`] writes the records held only in
+//! memory to the file, so a resumed run finds everything the interrupted one had.
+//!
+//! File layout (little-endian): `EFCACHE1`, header length (u32), header JSON (the
+//! identity), then records: sample (u64), augmentation key (u64), element count (u32),
+//! the f32 values, checksum (u64).
+
+use crate::error::{FreezeError, Result, cache_io};
+use crate::hash::Fnv64;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"EFCACHE1";
+/// The cache file inside the cache folder.
+pub const CACHE_FILE: &str = "activations.bin";
+const RECORD_OVERHEAD: u64 = 8 + 8 + 4 + 8;
+
+/// What a cached activation was computed from, apart from the sample.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheIdentity {
+    /// A fingerprint of the model (e.g. the hash of its inference graph bytes).
+    pub model: u64,
+    /// The layer after which the cut lies.
+    pub cut: usize,
+    /// Hash of the frozen parameters and running statistics.
+    pub parameters: u64,
+    /// Elements of one sample's activation.
+    pub elements: usize,
+}
+
+/// The key of one record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheKey {
+    /// The training sample's index in its split.
+    pub sample: u64,
+    /// Which augmented variant (0: augmentation off).
+    pub augmentation: u64,
+}
+
+/// Sizes and counters of a cache.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheStats {
+    /// Records in memory.
+    pub memory_records: usize,
+    /// Bytes of activations in memory.
+    pub memory_bytes: u64,
+    /// Records in the file.
+    pub disk_records: usize,
+    /// Bytes of the file.
+    pub disk_bytes: u64,
+    /// Lookups served.
+    pub hits: u64,
+    /// Lookups not found.
+    pub misses: u64,
+    /// Records found damaged (and recomputed by the caller).
+    pub corrupt: u64,
+}
+
+/// Why an existing cache file was not reused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reopened {
+    /// No file was there.
+    Fresh,
+    /// The file matched; this many records were found in it.
+    Reused(usize),
+    /// The file was for something else (another model, cut or parameters, or damaged);
+    /// it was discarded and everything will be recomputed.
+    Discarded(String),
+}
+
+/// The activation cache of one cut.
+pub struct ActivationCache {
+    path: PathBuf,
+    identity: CacheIdentity,
+    memory_budget: u64,
+    memory: HashMap<CacheKey, Vec<f32>>,
+    /// Records held only in memory, not yet in the file.
+    unsaved: Vec<CacheKey>,
+    index: HashMap<CacheKey, u64>,
+    file: File,
+    end: u64,
+    stats: CacheStats,
+}
+
+impl ActivationCache {
+    /// Opens (or creates) the cache in `dir` for `identity`, keeping at most
+    /// `memory_budget` bytes of activations in memory. A file left for another identity
+    /// is discarded, and the reason returned, so the caller can log the recompute.
+    pub fn open(dir: &Path, identity: CacheIdentity, memory_budget: u64) -> Result<(ActivationCache, Reopened)> {
+        if identity.elements == 0 {
+            return Err(FreezeError::Cache("an activation of 0 elements cannot be cached".into()));
+        }
+        std::fs::create_dir_all(dir).map_err(cache_io("create the cache folder", dir))?;
+        let path = dir.join(CACHE_FILE);
+        let existed = path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(cache_io("open", &path))?;
+        let mut cache = ActivationCache {
+            path: path.clone(),
+            identity,
+            memory_budget,
+            memory: HashMap::new(),
+            unsaved: Vec::new(),
+            index: HashMap::new(),
+            file: file.try_clone().map_err(cache_io("open", &path))?,
+            end: 0,
+            stats: CacheStats::default(),
+        };
+        let reopened = if existed {
+            match cache.scan(&mut file) {
+                Ok(n) => Reopened::Reused(n),
+                Err(why) => {
+                    cache.reset()?;
+                    Reopened::Discarded(why)
+                }
+            }
+        } else {
+            cache.reset()?;
+            Reopened::Fresh
+        };
+        Ok((cache, reopened))
+    }
+
+    /// The identity records are valid for.
+    pub fn identity(&self) -> &CacheIdentity {
+        &self.identity
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the header and indexes the records; a damaged tail (an interrupted write) is cut off.
+    fn scan(&mut self, file: &mut File) -> std::result::Result<usize, String> {
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(0)).and_then(|_| file.read_to_end(&mut bytes)).map_err(|e| e.to_string())?;
+        if bytes.len() < 12 || &bytes[..8] != MAGIC {
+            return Err("not an edgefreeze activation cache".into());
+        }
+        let header_len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        let header = bytes.get(12..12 + header_len).ok_or("its header is cut short")?;
+        let found: CacheIdentity =
+            serde_json::from_slice(header).map_err(|e| format!("its header is damaged ({e})"))?;
+        if found != self.identity {
+            let what = if found.model != self.identity.model {
+                "another model"
+            } else if found.cut != self.identity.cut {
+                "another cut"
+            } else if found.parameters != self.identity.parameters {
+                "other frozen parameters"
+            } else {
+                "another activation size"
+            };
+            return Err(format!("it holds activations of {what} ({found:?}, wanted {:?})", self.identity));
+        }
+        let mut at = (12 + header_len) as u64;
+        let record = self.record_len();
+        while at + record <= bytes.len() as u64 {
+            let p = at as usize;
+            let sample = u64::from_le_bytes(bytes[p..p + 8].try_into().unwrap());
+            let augmentation = u64::from_le_bytes(bytes[p + 8..p + 16].try_into().unwrap());
+            let count = u32::from_le_bytes(bytes[p + 16..p + 20].try_into().unwrap()) as usize;
+            if count != self.identity.elements {
+                break;
+            }
+            self.index.insert(CacheKey { sample, augmentation }, at);
+            at += record;
+        }
+        if at != bytes.len() as u64 {
+            self.file.set_len(at).map_err(|e| e.to_string())?;
+        }
+        self.end = at;
+        self.stats.disk_records = self.index.len();
+        Ok(self.index.len())
+    }
+
+    fn record_len(&self) -> u64 {
+        RECORD_OVERHEAD + 4 * self.identity.elements as u64
+    }
+
+    /// Empties the cache and starts a new file for the current identity.
+    fn reset(&mut self) -> Result<()> {
+        self.memory.clear();
+        self.unsaved.clear();
+        self.index.clear();
+        let header = serde_json::to_vec(&self.identity).expect("identity serialises");
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend((header.len() as u32).to_le_bytes());
+        bytes.extend(header);
+        let io = cache_io("write", &self.path);
+        self.file.set_len(0).map_err(io)?;
+        self.file.write_all_at(&bytes, 0).map_err(cache_io("write", &self.path))?;
+        self.end = bytes.len() as u64;
+        let s = &mut self.stats;
+        (s.memory_records, s.memory_bytes, s.disk_records) = (0, 0, 0);
+        Ok(())
+    }
+
+    /// Drops every record and starts over for a new identity (the cut moved, the layers
+    /// were unfrozen, or the frozen parameters changed).
+    pub fn invalidate(&mut self, identity: CacheIdentity) -> Result<()> {
+        self.identity = identity;
+        self.reset()
+    }
+
+    /// The activation of `key`, if cached and intact. A damaged record counts as corrupt,
+    /// is forgotten, and is a miss.
+    pub fn get(&mut self, key: CacheKey) -> Result<Option<Vec<f32>>> {
+        if let Some(v) = self.memory.get(&key) {
+            self.stats.hits += 1;
+            return Ok(Some(v.clone()));
+        }
+        let Some(&at) = self.index.get(&key) else {
+            self.stats.misses += 1;
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; self.record_len() as usize];
+        self.file.read_exact_at(&mut bytes, at).map_err(cache_io("read", &self.path))?;
+        let body = bytes.len() - 8;
+        let stored = u64::from_le_bytes(bytes[body..].try_into().unwrap());
+        let mut h = Fnv64::default();
+        h.write(&bytes[..body]);
+        let sample = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let augmentation = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+        if h.finish() != stored || (CacheKey { sample, augmentation }) != key {
+            self.index.remove(&key);
+            self.stats.corrupt += 1;
+            self.stats.misses += 1;
+            self.stats.disk_records = self.index.len();
+            return Ok(None);
+        }
+        self.stats.hits += 1;
+        Ok(Some(bytes[20..body].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()))
+    }
+
+    /// Stores the activation of `key`: in memory while the budget allows, else in the file.
+    pub fn insert(&mut self, key: CacheKey, values: &[f32]) -> Result<()> {
+        if values.len() != self.identity.elements {
+            return Err(FreezeError::Cache(format!(
+                "an activation of {} elements for sample {}, but the cache holds {} per sample",
+                values.len(),
+                key.sample,
+                self.identity.elements
+            )));
+        }
+        let bytes = 4 * values.len() as u64;
+        if self.stats.memory_bytes + bytes <= self.memory_budget {
+            if self.memory.insert(key, values.to_vec()).is_none() {
+                self.stats.memory_bytes += bytes;
+                self.stats.memory_records += 1;
+            }
+            self.index.remove(&key);
+            self.unsaved.push(key);
+            return Ok(());
+        }
+        self.write_record(key, values)
+    }
+
+    fn write_record(&mut self, key: CacheKey, values: &[f32]) -> Result<()> {
+        let mut bytes = Vec::with_capacity(self.record_len() as usize);
+        bytes.extend(key.sample.to_le_bytes());
+        bytes.extend(key.augmentation.to_le_bytes());
+        bytes.extend((values.len() as u32).to_le_bytes());
+        for v in values {
+            bytes.extend(v.to_le_bytes());
+        }
+        let mut h = Fnv64::default();
+        h.write(&bytes);
+        bytes.extend(h.finish().to_le_bytes());
+        self.file.write_all_at(&bytes, self.end).map_err(cache_io("write", &self.path))?;
+        self.index.insert(key, self.end);
+        self.end += bytes.len() as u64;
+        self.stats.disk_records = self.index.len();
+        Ok(())
+    }
+
+    /// Writes the records held only in memory to the file and syncs it, so that a
+    /// resumed run finds them.
+    pub fn persist(&mut self) -> Result<()> {
+        for key in std::mem::take(&mut self.unsaved) {
+            if let Some(values) = self.memory.get(&key).cloned()
+                && !self.index.contains_key(&key)
+            {
+                self.write_record(key, &values)?;
+            }
+        }
+        self.file.flush().map_err(cache_io("write", &self.path))?;
+        self.file.sync_data().map_err(cache_io("sync", &self.path))
+    }
+
+    /// Sizes and counters.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats { disk_bytes: self.end, ..self.stats.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity() -> CacheIdentity {
+        CacheIdentity { model: 7, cut: 2, parameters: 99, elements: 3 }
+    }
+
+    fn key(sample: u64) -> CacheKey {
+        CacheKey { sample, augmentation: 0 }
+    }
+
+    fn values(sample: u64) -> Vec<f32> {
+        vec![sample as f32, -(sample as f32) * 0.5, 1.0 / (1.0 + sample as f32)]
+    }
+
+    #[test]
+    fn records_come_back_from_memory_and_from_the_spill_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // Room for two records in memory; the rest spill.
+        let (mut c, how) = ActivationCache::open(dir.path(), identity(), 24).unwrap();
+        assert_eq!(how, Reopened::Fresh);
+        for s in 0..5 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        let st = c.stats();
+        assert_eq!((st.memory_records, st.memory_bytes, st.disk_records), (2, 24, 3));
+        for s in 0..5 {
+            assert_eq!(c.get(key(s)).unwrap(), Some(values(s)), "sample {s}");
+        }
+        assert_eq!(c.get(key(9)).unwrap(), None);
+        assert_eq!(c.get(CacheKey { sample: 1, augmentation: 1 }).unwrap(), None);
+        assert_eq!((c.stats().hits, c.stats().misses), (5, 2));
+    }
+
+    #[test]
+    fn a_persisted_cache_is_reused_by_the_same_identity_only() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut c, _) = ActivationCache::open(dir.path(), identity(), 1 << 20).unwrap();
+            for s in 0..4 {
+                c.insert(key(s), &values(s)).unwrap();
+            }
+            c.persist().unwrap();
+        }
+        let (mut c, how) = ActivationCache::open(dir.path(), identity(), 0).unwrap();
+        assert_eq!(how, Reopened::Reused(4));
+        assert_eq!(c.get(key(3)).unwrap(), Some(values(3)));
+        drop(c);
+        for (other, what) in [
+            (CacheIdentity { parameters: 100, ..identity() }, "other frozen parameters"),
+            (CacheIdentity { cut: 3, ..identity() }, "another cut"),
+            (CacheIdentity { model: 8, ..identity() }, "another model"),
+        ] {
+            let (mut c, how) = ActivationCache::open(dir.path(), other, 0).unwrap();
+            match how {
+                Reopened::Discarded(why) => assert!(why.contains(what), "{why}"),
+                other => panic!("expected a discarded cache, got {other:?}"),
+            }
+            assert_eq!(c.get(key(3)).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn a_corrupted_record_is_detected_and_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _) = ActivationCache::open(dir.path(), identity(), 0).unwrap();
+        for s in 0..3 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        drop(c);
+        // Flip one bit inside the values of the second record.
+        let path = dir.path().join(CACHE_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let header = 12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        let record = (RECORD_OVERHEAD + 12) as usize;
+        bytes[header + record + 21] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut c, how) = ActivationCache::open(dir.path(), identity(), 0).unwrap();
+        assert_eq!(how, Reopened::Reused(3));
+        assert_eq!(c.get(key(0)).unwrap(), Some(values(0)));
+        assert_eq!(c.get(key(1)).unwrap(), None, "a damaged record must not be served");
+        assert_eq!(c.stats().corrupt, 1);
+        // The caller recomputes and stores it again; then it is served.
+        c.insert(key(1), &values(1)).unwrap();
+        assert_eq!(c.get(key(1)).unwrap(), Some(values(1)));
+        assert_eq!(c.get(key(2)).unwrap(), Some(values(2)));
+    }
+
+    #[test]
+    fn invalidation_empties_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _) = ActivationCache::open(dir.path(), identity(), 12).unwrap();
+        c.insert(key(0), &values(0)).unwrap();
+        c.insert(key(1), &values(1)).unwrap();
+        c.invalidate(CacheIdentity { cut: 4, ..identity() }).unwrap();
+        assert_eq!(c.get(key(0)).unwrap(), None);
+        assert_eq!(c.get(key(1)).unwrap(), None);
+        let st = c.stats();
+        assert_eq!((st.memory_records, st.disk_records), (0, 0));
+        assert!(c.insert(key(0), &[1.0]).unwrap_err().to_string().contains("3 per sample"));
+    }
+
+    #[test]
+    fn an_unwritable_folder_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let err = ActivationCache::open(&blocker.join("cache"), identity(), 0).err().unwrap().to_string();
+        assert!(err.contains("cannot create the cache folder") && err.contains("file/cache"), "{err}");
+    }
+}

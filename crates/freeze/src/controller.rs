@@ -1,0 +1,409 @@
+//! The freezing controller: when to measure plasticity, when a layer is converged, and
+//! what a learning-rate drop undoes. Pure logic: it sees numbers and returns decisions;
+//! the trainer measures and acts.
+//!
+//! ```text
+//! k = 0                                   layers [0, k) are frozen
+//! every E steps after a warm-up of B:     probe the candidate layer k
+//! observe(step, k, SP):                   history[k].push(SP)
+//!     last W values with |least-squares slope| < tol · mean  →  freeze k (k += 1)
+//! reference older than R steps            →  rebuild it, start history[k] afresh
+//! learning rate ≤ old / ρ                 →  unfreeze to the set depth, clear histories, rebuild
+//! ```
+
+use crate::error::{FreezeError, Result};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+/// The controller's settings. Every number is a tunable default (PAPERS.md gives the
+/// mechanism, not the constants).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Knobs {
+    /// E: measure plasticity every this many updates.
+    pub every: u64,
+    /// B: no measurement before this many updates (the network moves fastest early).
+    pub warmup: u64,
+    /// W: plasticity values the slope is fitted to.
+    pub window: usize,
+    /// tol: a layer is stable when |slope per measurement| < tol × the window's mean.
+    pub tolerance: f64,
+    /// R: rebuild the reference model when it is this many updates old.
+    pub refresh: u64,
+    /// ρ: a learning-rate drop by at least this factor unfreezes.
+    pub lr_drop: f64,
+    /// Depth to unfreeze back to on such a drop (0: unfreeze everything).
+    pub unfreeze_to: usize,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs { every: 20, warmup: 100, window: 5, tolerance: 0.05, refresh: 200, lr_drop: 2.0, unfreeze_to: 0 }
+    }
+}
+
+impl Knobs {
+    /// Checks the settings.
+    pub fn check(&self) -> Result<()> {
+        let bad = |m: String| Err(FreezeError::Config(m));
+        if self.every == 0 {
+            return bad("the measurement period (every) must be at least 1 update".into());
+        }
+        if self.window < 2 {
+            return bad(format!("the window must hold at least 2 values to fit a slope, not {}", self.window));
+        }
+        if !(self.tolerance.is_finite() && self.tolerance > 0.0) {
+            return bad(format!("the tolerance {} must be a positive number", self.tolerance));
+        }
+        if self.refresh < self.every * self.window as u64 {
+            // Each rebuild starts the candidate's history afresh (values against two
+            // references are not one trend), so a window must fit between rebuilds.
+            return bad(format!(
+                "the reference refresh period ({}) must be at least every × window = {} updates",
+                self.refresh,
+                self.every * self.window as u64
+            ));
+        }
+        if !(self.lr_drop.is_finite() && self.lr_drop > 1.0) {
+            return bad(format!("the learning-rate drop factor {} must be above 1", self.lr_drop));
+        }
+        Ok(())
+    }
+}
+
+/// Why a decision was taken: the plasticity history it rests on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Reason {
+    /// The plasticity values (oldest first) the decision looked at.
+    pub history: Vec<f64>,
+    /// Least-squares slope per measurement over them, where one was fitted.
+    pub slope: Option<f64>,
+    /// Their mean, where one was taken.
+    pub mean: Option<f64>,
+    /// In words.
+    pub text: String,
+}
+
+/// What the controller asks the trainer to do.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+pub enum Action {
+    /// Freeze layer `layer` (the frozen prefix becomes `[0, layer]`).
+    Freeze {
+        /// The layer frozen.
+        layer: usize,
+        /// Why.
+        reason: Reason,
+    },
+    /// Unfreeze back to depth `to` (layers `[0, to)` stay frozen).
+    Unfreeze {
+        /// The new depth.
+        to: usize,
+        /// Why.
+        reason: Reason,
+    },
+    /// Rebuild the reference model from the live parameters.
+    RebuildReference {
+        /// Why.
+        reason: Reason,
+    },
+}
+
+/// The controller's state: what a resumed run restores.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ControllerState {
+    /// Layers `[0, depth)` are frozen.
+    pub depth: usize,
+    /// Plasticity values per layer since the last clear, oldest first.
+    pub histories: BTreeMap<usize, Vec<f64>>,
+    /// The update after which the reference model was last built, if ever.
+    pub reference_step: Option<u64>,
+}
+
+/// The freezing controller of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Controller {
+    knobs: Knobs,
+    layers: usize,
+    state: ControllerState,
+}
+
+impl Controller {
+    /// A controller for a model of `layers` layers; at most `layers − 1` are ever frozen,
+    /// so something always trains.
+    pub fn new(knobs: Knobs, layers: usize) -> Result<Controller> {
+        knobs.check()?;
+        if layers < 2 {
+            return Err(FreezeError::Config(format!("a model of {layers} layer(s) has nothing to freeze")));
+        }
+        if knobs.unfreeze_to >= layers {
+            return Err(FreezeError::Config(format!(
+                "cannot unfreeze to depth {}: the model has {layers} layers",
+                knobs.unfreeze_to
+            )));
+        }
+        Ok(Controller { knobs, layers, state: ControllerState::default() })
+    }
+
+    /// A controller continuing from a saved state.
+    pub fn restore(knobs: Knobs, layers: usize, state: ControllerState) -> Result<Controller> {
+        let mut c = Controller::new(knobs, layers)?;
+        if state.depth >= layers {
+            return Err(FreezeError::Config(format!(
+                "saved freezing depth {} is not below the model's {layers} layers",
+                state.depth
+            )));
+        }
+        c.state = state;
+        Ok(c)
+    }
+
+    /// The settings.
+    pub fn knobs(&self) -> &Knobs {
+        &self.knobs
+    }
+
+    /// The state to save.
+    pub fn state(&self) -> &ControllerState {
+        &self.state
+    }
+
+    /// Layers `[0, depth)` are frozen.
+    pub fn depth(&self) -> usize {
+        self.state.depth
+    }
+
+    /// The deepest prefix the controller may freeze.
+    pub fn max_depth(&self) -> usize {
+        self.layers - 1
+    }
+
+    /// The layer to probe after update `step` (1-based count of updates done), if a
+    /// measurement is due: after the warm-up, every E updates, while a layer is left to freeze.
+    pub fn probe_due(&self, step: u64) -> Option<usize> {
+        let due = step >= self.knobs.warmup && (step - self.knobs.warmup).is_multiple_of(self.knobs.every);
+        (due && self.state.depth < self.max_depth()).then_some(self.state.depth)
+    }
+
+    /// Whether the reference model must be (re)built after update `step` before the probe
+    /// that is due then: it was never built, or is R updates old.
+    pub fn reference_due(&self, step: u64) -> Option<Action> {
+        self.probe_due(step)?;
+        let text = match self.state.reference_step {
+            None => "no reference model yet".to_string(),
+            Some(built) if step.saturating_sub(built) >= self.knobs.refresh => {
+                format!("the reference model is {} updates old (refresh: {})", step - built, self.knobs.refresh)
+            }
+            Some(_) => return None,
+        };
+        Some(Action::RebuildReference { reason: Reason { history: Vec::new(), slope: None, mean: None, text } })
+    }
+
+    /// Records that the reference model was rebuilt from the parameters after `step`.
+    /// The candidate's history starts afresh: plasticity is measured against one
+    /// reference at a time, and values against two references are not one trend.
+    pub fn reference_rebuilt(&mut self, step: u64) {
+        self.state.reference_step = Some(step);
+        self.state.histories.remove(&self.state.depth);
+    }
+
+    /// Takes a plasticity value of `layer` measured after update `step`. A value for a
+    /// layer that is no longer the candidate (it froze, or the run unfroze since the
+    /// probe was taken) is dropped. Returns a freeze decision when the layer is stable.
+    pub fn observe(&mut self, step: u64, layer: usize, sp: f64) -> Option<Action> {
+        if layer != self.state.depth || self.state.depth >= self.max_depth() || !sp.is_finite() {
+            return None;
+        }
+        let history = self.state.histories.entry(layer).or_default();
+        history.push(sp);
+        let w = self.knobs.window;
+        if history.len() < w {
+            return None;
+        }
+        let window = &history[history.len() - w..];
+        let (slope, mean) = slope_and_mean(window);
+        if slope.abs() >= self.knobs.tolerance * mean.abs() {
+            return None;
+        }
+        let reason = Reason {
+            history: window.to_vec(),
+            slope: Some(slope),
+            mean: Some(mean),
+            text: format!(
+                "plasticity stable after update {step}: |slope| {:.3e} < tol {} × mean {:.3e} over the last {w} values",
+                slope.abs(),
+                self.knobs.tolerance,
+                mean
+            ),
+        };
+        self.state.depth += 1;
+        Some(Action::Freeze { layer, reason })
+    }
+
+    /// A learning-rate change from `old` to `new`: a drop by at least ρ unfreezes back to
+    /// the set depth (if deeper), clears every history and asks for a new reference.
+    pub fn on_lr_change(&mut self, old: f64, new: f64) -> Vec<Action> {
+        // A NaN rate compares as neither: no drop.
+        let dropped = matches!(new.partial_cmp(&(old / self.knobs.lr_drop)), Some(Ordering::Less | Ordering::Equal));
+        if !dropped {
+            return Vec::new();
+        }
+        let text = format!("learning rate dropped from {old:.3e} to {new:.3e} (by at least {})", self.knobs.lr_drop);
+        let history = self.state.histories.get(&self.state.depth).cloned().unwrap_or_default();
+        let reason = Reason { history, slope: None, mean: None, text };
+        let mut actions = Vec::new();
+        if self.state.depth > self.knobs.unfreeze_to {
+            self.state.depth = self.knobs.unfreeze_to;
+            actions.push(Action::Unfreeze { to: self.state.depth, reason: reason.clone() });
+        }
+        self.state.histories.clear();
+        self.state.reference_step = None;
+        actions.push(Action::RebuildReference { reason });
+        actions
+    }
+}
+
+/// Least-squares slope (per position) and mean of equally spaced values.
+pub fn slope_and_mean(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let x_mean = (n - 1.0) / 2.0;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (i, y) in values.iter().enumerate() {
+        let dx = i as f64 - x_mean;
+        sxy += dx * (y - mean);
+        sxx += dx * dx;
+    }
+    (if sxx > 0.0 { sxy / sxx } else { 0.0 }, mean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn knobs() -> Knobs {
+        Knobs { every: 10, warmup: 50, window: 4, tolerance: 0.05, refresh: 100, lr_drop: 5.0, unfreeze_to: 0 }
+    }
+
+    /// Feeds `curve(layer, i)` at each due probe until `steps`; returns (step, layer) of freezes.
+    fn run(c: &mut Controller, steps: u64, curve: impl Fn(usize, usize) -> f64) -> Vec<(u64, usize)> {
+        let mut freezes = Vec::new();
+        let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+        for step in 1..=steps {
+            if let Some(layer) = c.probe_due(step) {
+                let i = seen.entry(layer).or_default();
+                if let Some(Action::Freeze { layer, .. }) = c.observe(step, layer, curve(layer, *i)) {
+                    freezes.push((step, layer));
+                }
+                *seen.get_mut(&layer).unwrap() += 1;
+            }
+        }
+        freezes
+    }
+
+    #[test]
+    fn slope_is_the_least_squares_fit() {
+        let (s, m) = slope_and_mean(&[1.0, 3.0, 5.0, 7.0]);
+        assert_eq!((s, m), (2.0, 4.0));
+        assert_eq!(slope_and_mean(&[2.0, 2.0, 2.0]), (0.0, 2.0));
+    }
+
+    #[test]
+    fn a_flat_curve_freezes_once_the_window_is_full() {
+        let mut c = Controller::new(knobs(), 4).unwrap();
+        // Probes at 50, 60, 70, 80: the fourth value fills the window.
+        assert_eq!(run(&mut c, 80, |_, _| 0.2), vec![(80, 0)]);
+        assert_eq!(c.depth(), 1);
+    }
+
+    #[test]
+    fn a_decreasing_curve_does_not_freeze_until_it_flattens() {
+        let mut c = Controller::new(knobs(), 3).unwrap();
+        // Decreasing by 10% of its value per probe, with noise of ±2%, then flat at i ≥ 8.
+        let curve = |_: usize, i: usize| {
+            let noise = if i.is_multiple_of(2) { 0.02 } else { -0.02 };
+            if i < 8 { 1.0 - 0.1 * i as f64 + noise * 0.3 } else { 0.2 + noise * 0.01 }
+        };
+        let freezes = run(&mut c, 200, curve);
+        // Values 8..11 are the first flat window: the 12th probe, at step 50 + 11·10.
+        assert_eq!(freezes.first(), Some(&(160, 0)));
+        assert!(freezes.iter().all(|&(s, _)| s >= 160));
+    }
+
+    #[test]
+    fn layers_freeze_front_to_back_and_never_the_last() {
+        let mut c = Controller::new(knobs(), 3).unwrap();
+        let freezes = run(&mut c, 1000, |_, _| 1.0);
+        assert_eq!(freezes, vec![(80, 0), (120, 1)]);
+        assert_eq!(c.depth(), 2);
+        assert_eq!(c.probe_due(130), None);
+        // A value for a layer that is not the candidate is ignored.
+        let mut c = Controller::new(knobs(), 3).unwrap();
+        for step in [50, 60, 70, 80] {
+            assert_eq!(c.observe(step, 1, 1.0), None);
+        }
+        assert_eq!(c.depth(), 0);
+        assert!(c.state().histories.is_empty());
+    }
+
+    #[test]
+    fn a_learning_rate_drop_unfreezes_and_clears() {
+        let mut c = Controller::new(knobs(), 4).unwrap();
+        run(&mut c, 200, |_, _| 1.0);
+        assert_eq!(c.depth(), 3);
+        c.reference_rebuilt(200);
+        // A small change does nothing.
+        assert!(c.on_lr_change(0.1, 0.05).is_empty());
+        assert_eq!(c.depth(), 3);
+        let actions = c.on_lr_change(0.1, 0.01);
+        assert!(matches!(actions[0], Action::Unfreeze { to: 0, .. }));
+        assert!(matches!(actions[1], Action::RebuildReference { .. }));
+        assert_eq!(c.depth(), 0);
+        assert!(c.state().histories.is_empty());
+        assert_eq!(c.state().reference_step, None);
+        // Unfreezing to a set depth keeps that prefix.
+        let mut c = Controller::new(Knobs { unfreeze_to: 1, ..knobs() }, 4).unwrap();
+        run(&mut c, 200, |_, _| 1.0);
+        assert!(matches!(c.on_lr_change(1.0, 0.1)[0], Action::Unfreeze { to: 1, .. }));
+    }
+
+    #[test]
+    fn the_reference_is_rebuilt_when_old() {
+        let mut c = Controller::new(knobs(), 4).unwrap();
+        assert_eq!(c.reference_due(40), None, "nothing before the warm-up");
+        assert!(matches!(c.reference_due(50), Some(Action::RebuildReference { .. })));
+        c.reference_rebuilt(50);
+        assert_eq!(c.reference_due(140), None);
+        assert!(c.reference_due(150).is_some());
+        // A rebuild starts the candidate's history afresh.
+        c.observe(150, 0, 1.0);
+        c.reference_rebuilt(150);
+        assert!(!c.state().histories.contains_key(&0));
+    }
+
+    #[test]
+    fn state_round_trips_through_json_and_resumes_the_same() {
+        let mut a = Controller::new(knobs(), 4).unwrap();
+        run(&mut a, 75, |_, _| 1.0);
+        let text = serde_json::to_string(a.state()).unwrap();
+        let mut b = Controller::restore(knobs(), 4, serde_json::from_str(&text).unwrap()).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.observe(80, 0, 1.0), b.observe(80, 0, 1.0));
+        assert!(Controller::restore(knobs(), 4, ControllerState { depth: 4, ..Default::default() }).is_err());
+    }
+
+    #[test]
+    fn bad_knobs_are_refused() {
+        for k in [
+            Knobs { every: 0, ..knobs() },
+            Knobs { window: 1, ..knobs() },
+            Knobs { tolerance: 0.0, ..knobs() },
+            Knobs { lr_drop: 1.0, ..knobs() },
+            Knobs { refresh: 0, ..knobs() },
+            Knobs { refresh: 39, ..knobs() },
+        ] {
+            assert!(Controller::new(k, 4).is_err());
+        }
+        assert!(Controller::new(Knobs { unfreeze_to: 4, ..knobs() }, 4).is_err());
+        assert!(Controller::new(knobs(), 1).is_err());
+    }
+}

@@ -1,0 +1,774 @@
+//! Egeria in the trainer: a [`edgefreeze_train::Controller`] that freezes the front of
+//! the network while it trains — automatically from plasticity ([`FreezePlan::Auto`]),
+//! or on a fixed schedule ([`FreezePlan::Schedule`], the FreezeOut-style baseline) —
+//! switches to the frozen-prefix graphs of the `rewrite` crate in place, and, once the
+//! frozen prefix ends at a cut, to the cached prefix/suffix pair.
+//!
+//! Determinism, for exact resume: a plasticity value measured after update `s` is
+//! applied after update `s + max(E − 1, 1)`, whatever the time it arrives; the runner has
+//! E − 1 updates to answer and the training thread waits for it only if it is later
+//! than that (the wait is measured and reported). Everything that decides the numbers —
+//! the depth, the histories, values in flight, the parameters and calibration batch the
+//! reference model was built from — is saved with each checkpoint.
+
+use crate::cache::{ActivationCache, CacheIdentity, CacheKey, Reopened};
+use crate::controller::{Action, Controller as Logic, ControllerState, Knobs};
+use crate::error::{FreezeError, Result};
+use crate::hash::{Fnv64, fnv64};
+use crate::reference::{probe_name, with_parameters};
+use crate::runner::{ReferenceRunner, Reply, Request};
+use edgefreeze_autodiff::artifacts::{files, parse_loss, parse_optimizer};
+use edgefreeze_engine::{EngineKind, EngineOptions, Value};
+use edgefreeze_graph::analysis::{Analysis, analyse};
+use edgefreeze_graph::ir::Model;
+use edgefreeze_graph::save::encode_model;
+use edgefreeze_rewrite::{StepSpec, activation_name, frozen_prefix_step, prefix_graph, suffix_step};
+use edgefreeze_train::control::{Opening, Saved, StateView, StepReport};
+use edgefreeze_train::metrics::{Decision, DecisionKind};
+use edgefreeze_train::step::{ActivationStore, GraphSet, StepGraphs};
+use edgefreeze_train::{Outcome, TrainError};
+use ndarray::{Axis, Slice};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The settings file a run with freezing keeps in its folder.
+pub const FREEZE_FILE: &str = "freeze.json";
+
+/// How layers get frozen.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "mode", rename_all = "kebab-case")]
+pub enum FreezePlan {
+    /// Egeria: from plasticity against an int8 reference model.
+    Auto {
+        /// The controller's settings.
+        knobs: Knobs,
+        /// Samples of the batch the reference model sees at each measurement.
+        probe_batch: usize,
+        /// Threads of the reference model's engine.
+        reference_threads: usize,
+    },
+    /// A fixed schedule: after update `step`, `depth` layers are frozen.
+    Schedule {
+        /// (update, depth) pairs in increasing update order.
+        points: Vec<(u64, usize)>,
+    },
+}
+
+/// Where and how much to cache.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheSettings {
+    /// Cache frozen-prefix outputs at all.
+    pub enabled: bool,
+    /// Bytes of activations held in memory before records spill to disk.
+    pub memory_budget: u64,
+    /// The cache folder (None: `<run>/cache`).
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        CacheSettings { enabled: true, memory_budget: 512 << 20, dir: None }
+    }
+}
+
+/// Everything `freeze.json` holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FreezeSettings {
+    /// How layers get frozen.
+    pub plan: FreezePlan,
+    /// The activation cache.
+    pub cache: CacheSettings,
+}
+
+impl FreezeSettings {
+    /// Writes `freeze.json` into a run folder.
+    pub fn write(&self, run_dir: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).expect("settings serialise");
+        edgefreeze_graph::save::write_atomically(&run_dir.join(FREEZE_FILE), &bytes)?;
+        Ok(())
+    }
+
+    /// Reads `freeze.json` of a run folder; None when the run does not freeze.
+    pub fn read(run_dir: &Path) -> Result<Option<FreezeSettings>> {
+        let path = run_dir.join(FREEZE_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| FreezeError::Config(format!("{}: not a freezing settings file: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(crate::error::cache_io("read", path)(e)),
+        }
+    }
+}
+
+/// Parses `schedule:<update>=<layers>,...` (the part after `schedule:`), checking each
+/// depth against the model's `layers`.
+pub fn parse_schedule(text: &str, layers: usize) -> Result<Vec<(u64, usize)>> {
+    let mut points: Vec<(u64, usize)> = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || FreezeError::Config(format!("schedule point {part:?}: expected <update>=<layers>, e.g. 200=3"));
+        let (step, depth) = part.split_once('=').ok_or_else(bad)?;
+        let (step, depth): (u64, usize) =
+            (step.trim().parse().map_err(|_| bad())?, depth.trim().parse().map_err(|_| bad())?);
+        if depth >= layers {
+            return Err(FreezeError::Config(format!(
+                "schedule point {part:?}: cannot freeze {depth} layers of a model with {layers} (at most {})",
+                layers - 1
+            )));
+        }
+        if points.last().is_some_and(|&(s, _)| s >= step) {
+            return Err(FreezeError::Config(format!("schedule point {part:?}: updates must increase")));
+        }
+        points.push((step, depth));
+    }
+    if points.is_empty() {
+        return Err(FreezeError::Config("an empty freezing schedule: give schedule:<update>=<layers>,...".into()));
+    }
+    Ok(points)
+}
+
+/// A probe whose value is applied after update `apply_at`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Pending {
+    step: u64,
+    layer: usize,
+    apply_at: u64,
+    sp: Option<f64>,
+}
+
+/// What a checkpoint holds of the freezer.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct SavedState {
+    depth: usize,
+    controller: Option<ControllerState>,
+    pending: Vec<Pending>,
+    /// The update the saved reference parameters come from.
+    reference_step: Option<u64>,
+    /// Names of the saved reference tensors, in order.
+    reference_names: Vec<String>,
+}
+
+const REFERENCE_PREFIX: &str = "reference/";
+const CALIBRATION: &str = "reference.calibration";
+
+/// The live parameters and the calibration batch a reference model was built from.
+struct Snapshot {
+    step: u64,
+    values: Vec<(String, Value)>,
+    calibration: Value,
+}
+
+struct Auto {
+    logic: Logic,
+    runner: ReferenceRunner,
+    pending: Vec<Pending>,
+    snapshot: Option<Snapshot>,
+    probe_batch: usize,
+    waited: f64,
+    probes: u64,
+    rebuilds: u64,
+}
+
+enum Policy {
+    Auto(Box<Auto>),
+    Schedule(Vec<(u64, usize)>),
+}
+
+/// The cache shared between the freezer (which invalidates it) and the step runner
+/// (which reads and fills it).
+#[derive(Clone)]
+struct SharedCache(Arc<Mutex<ActivationCache>>);
+
+impl ActivationStore for SharedCache {
+    fn get(&mut self, sample: u64) -> std::result::Result<Option<Vec<f32>>, String> {
+        let mut c = self.0.lock().map_err(|_| "the activation cache is poisoned".to_string())?;
+        c.get(CacheKey { sample, augmentation: 0 }).map_err(|e| e.to_string())
+    }
+    fn insert(&mut self, sample: u64, values: &[f32]) -> std::result::Result<(), String> {
+        let mut c = self.0.lock().map_err(|_| "the activation cache is poisoned".to_string())?;
+        c.insert(CacheKey { sample, augmentation: 0 }, values).map_err(|e| e.to_string())
+    }
+    fn persist(&mut self) -> std::result::Result<(), String> {
+        let mut c = self.0.lock().map_err(|_| "the activation cache is poisoned".to_string())?;
+        c.persist().map_err(|e| e.to_string())
+    }
+    fn describe(&self) -> String {
+        self.0.lock().map_or("poisoned".into(), |c| describe(&c))
+    }
+}
+
+fn describe(c: &ActivationCache) -> String {
+    let s = c.stats();
+    format!(
+        "cache {} in memory, {} on disk, {} hits, {} corrupt",
+        bytes(s.memory_bytes),
+        bytes(s.disk_bytes),
+        s.hits,
+        s.corrupt
+    )
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+/// Egeria's controller of a run.
+pub struct Freezer {
+    settings: FreezeSettings,
+    model: Model,
+    model_hash: u64,
+    analysis: Analysis,
+    spec: StepSpec,
+    cache_dir: PathBuf,
+    state_names: HashSet<String>,
+    /// Why caching is off for the whole run, if it is.
+    no_cache: Option<String>,
+    policy: Policy,
+    depth: usize,
+    cache: Option<SharedCache>,
+    epoch: usize,
+    switch_seconds: f64,
+}
+
+fn train_err(e: impl std::fmt::Display) -> TrainError {
+    TrainError::Config(e.to_string())
+}
+
+impl Freezer {
+    /// A freezer for the run in `run_dir` (whose graphs, recipe and manifest it reads),
+    /// whose reference model runs on `engine`.
+    pub fn new(run_dir: &Path, settings: FreezeSettings, engine: EngineKind) -> Result<Freezer> {
+        let graphs = run_dir.join(edgefreeze_train::run::GRAPHS_DIR);
+        let spec_of_run = edgefreeze_train::open_run(run_dir).map_err(|e| FreezeError::Config(e.to_string()))?;
+        let manifest = edgefreeze_train::run::read_manifest(&graphs).map_err(|e| FreezeError::Config(e.to_string()))?;
+        let model_path = graphs.join(files::FORWARD);
+        let model_bytes = std::fs::read(&model_path).map_err(crate::error::cache_io("read", &model_path))?;
+        let model = edgefreeze_graph::prepare(edgefreeze_graph::parse_model(&model_bytes, Some(&graphs))?)?;
+        let analysis = analyse(&model)?;
+        let layers = analysis.layers.len();
+        if manifest.frozen_layers > 0 {
+            return Err(FreezeError::Config(format!(
+                "the run was converted with {} layers frozen for good; --freeze auto and schedules start from none",
+                manifest.frozen_layers
+            )));
+        }
+        let loss = parse_loss(&manifest.loss).map_err(|e| FreezeError::Config(e.to_string()))?;
+        let (optimizer, _) = parse_optimizer(&manifest.optimizer).map_err(|e| FreezeError::Config(e.to_string()))?;
+        let augmented =
+            !spec_of_run.recipe.augmentation().map_err(|e| FreezeError::Config(e.to_string()))?.is_identity();
+        let no_cache = if !settings.cache.enabled {
+            Some("caching is turned off".to_string())
+        } else if augmented {
+            Some(format!(
+                "augmentation {:?} changes every epoch's input, so a cached activation would be wrong; caching off",
+                spec_of_run.recipe.augment.clone().unwrap_or_default()
+            ))
+        } else {
+            None
+        };
+        let policy = match &settings.plan {
+            FreezePlan::Auto { knobs, probe_batch, reference_threads } => {
+                if *probe_batch < 2 {
+                    return Err(FreezeError::Config(format!(
+                        "a probe batch of {probe_batch} sample(s) has no Gram structure: use at least 2"
+                    )));
+                }
+                let logic = Logic::new(knobs.clone(), layers)?;
+                let probes: Vec<usize> = (0..logic.max_depth()).collect();
+                let options = EngineOptions { threads: Some((*reference_threads).max(1)), ..EngineOptions::default() };
+                let runner = ReferenceRunner::spawn(engine, options, analysis.clone(), probes, 4)?;
+                Policy::Auto(Box::new(Auto {
+                    logic,
+                    runner,
+                    pending: Vec::new(),
+                    snapshot: None,
+                    probe_batch: *probe_batch,
+                    waited: 0.0,
+                    probes: 0,
+                    rebuilds: 0,
+                }))
+            }
+            FreezePlan::Schedule { points } => {
+                if let Some(&(step, depth)) = points.iter().find(|p| p.1 >= layers) {
+                    return Err(FreezeError::Config(format!(
+                        "schedule point {step}={depth}: the model has {layers} layers, at most {} can be frozen",
+                        layers - 1
+                    )));
+                }
+                Policy::Schedule(points.clone())
+            }
+        };
+        let cache_dir = settings.cache.dir.clone().unwrap_or_else(|| run_dir.join("cache"));
+        if no_cache.is_none() {
+            // Found out now, not when the first layer freezes an hour into the run.
+            check_writable(&cache_dir)?;
+        }
+        Ok(Freezer {
+            settings,
+            model,
+            model_hash: fnv64(&model_bytes),
+            analysis,
+            spec: StepSpec { loss, optimizer },
+            cache_dir,
+            state_names: manifest.state.iter().map(|e| e.name.clone()).collect(),
+            no_cache,
+            policy,
+            depth: 0,
+            cache: None,
+            epoch: 1,
+            switch_seconds: 0.0,
+        })
+    }
+
+    fn decision(
+        &self,
+        step: u64,
+        kind: DecisionKind,
+        layer: Option<usize>,
+        history: Vec<f64>,
+        reason: String,
+    ) -> Decision {
+        Decision { epoch: self.epoch, step, kind, layer, depth: self.depth, history, reason }
+    }
+
+    /// The graphs for the current depth, opening or invalidating the cache as needed.
+    fn graphs(&mut self, step: u64, state: &dyn StateView) -> Result<(GraphSet, Vec<Decision>)> {
+        let start = Instant::now();
+        let depth = self.depth;
+        let probes: Vec<usize> = match &self.policy {
+            Policy::Auto(a) if depth < a.logic.max_depth() => vec![depth],
+            _ => Vec::new(),
+        };
+        let cut = depth.checked_sub(1).filter(|c| self.analysis.cuts.iter().any(|k| k.after_layer == *c));
+        let mut decisions = Vec::new();
+        let set = match (cut, &self.no_cache) {
+            (Some(c), None) => {
+                let prefix = prefix_graph(&self.model, c).map_err(|e| FreezeError::Reference(e.to_string()))?;
+                let suffix =
+                    suffix_step(&self.model, c, &self.spec).map_err(|e| FreezeError::Reference(e.to_string()))?;
+                let cut_info = self.analysis.cuts.iter().find(|k| k.after_layer == c).expect("checked");
+                let sample_shape: Vec<usize> = cut_info.shape[1..].iter().map(|d| d.fixed().unwrap_or(0)).collect();
+                if sample_shape.contains(&0) {
+                    return Err(FreezeError::Cache(format!(
+                        "the activation after layer {c} has no fixed shape per sample"
+                    )));
+                }
+                let data = &self.model.graph.inputs[0].name;
+                let mut h = Fnv64::default();
+                for input in prefix.graph.inputs.iter().filter(|i| &i.name != data) {
+                    h.write(input.name.as_bytes());
+                    let v = state.state(&input.name).map_err(|e| FreezeError::Config(e.to_string()))?;
+                    let a = v.as_f32().ok_or_else(|| FreezeError::Cache(format!("{:?} is not f32", input.name)))?;
+                    for x in a.iter() {
+                        h.write(&x.to_le_bytes());
+                    }
+                }
+                let identity = CacheIdentity {
+                    model: self.model_hash,
+                    cut: c,
+                    parameters: h.finish(),
+                    elements: sample_shape.iter().product(),
+                };
+                let reason = match &self.cache {
+                    Some(shared) => {
+                        let mut cache = shared.0.lock().map_err(|_| FreezeError::Cache("poisoned".into()))?;
+                        if *cache.identity() != identity {
+                            cache.invalidate(identity)?;
+                            format!("the frozen prefix now ends at the cut after layer {c}: cache emptied")
+                        } else {
+                            format!("the frozen prefix still ends at the cut after layer {c}")
+                        }
+                    }
+                    None => {
+                        let (cache, how) =
+                            ActivationCache::open(&self.cache_dir, identity, self.settings.cache.memory_budget)?;
+                        let how = match how {
+                            Reopened::Fresh => "new cache".to_string(),
+                            Reopened::Reused(n) => format!("{n} records reused"),
+                            Reopened::Discarded(why) => {
+                                format!("the cache on disk was discarded and is recomputed: {why}")
+                            }
+                        };
+                        let text = format!(
+                            "the frozen prefix ends at the cut after layer {c}: caching its output ({} bytes per sample) in {}; {how}",
+                            4 * cache.identity().elements,
+                            cache.path().display()
+                        );
+                        self.cache = Some(SharedCache(Arc::new(Mutex::new(cache))));
+                        text
+                    }
+                };
+                decisions.push(self.decision(step, DecisionKind::CacheOn, Some(c), Vec::new(), reason));
+                let observing = if probes.is_empty() {
+                    None
+                } else {
+                    Some(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?)
+                };
+                GraphSet {
+                    label: format!("layers 0..{depth} frozen, cached after layer {c}"),
+                    step: StepGraphs::Cached {
+                        prefix: encode(Ok(prefix))?,
+                        suffix: encode(Ok(suffix))?,
+                        activation: activation_name().to_string(),
+                        sample_shape,
+                        store: Box::new(self.cache.clone().expect("opened above")),
+                    },
+                    observing,
+                }
+            }
+            (cut, no_cache) => {
+                let valid: Vec<String> = self.analysis.cuts.iter().map(|c| (c.after_layer + 1).to_string()).collect();
+                // This arm is reached with a cut only when caching is off for the run.
+                let why = match (depth, cut.and(no_cache.as_ref())) {
+                    (0, _) => "no layer is frozen".to_string(),
+                    (_, Some(why)) => why.clone(),
+                    (_, None) => {
+                        format!("{depth} frozen layers do not end at a cut (depths that do: {})", valid.join(", "))
+                    }
+                };
+                if let Some(shared) = self.cache.take() {
+                    let mut cache = shared.0.lock().map_err(|_| FreezeError::Cache("poisoned".into()))?;
+                    let identity = CacheIdentity { cut: usize::MAX, ..cache.identity().clone() };
+                    cache.invalidate(identity)?;
+                    let reason = format!("{why}: cache emptied");
+                    decisions.push(self.decision(step, DecisionKind::CacheOff, None, Vec::new(), reason));
+                } else if depth > 0 {
+                    decisions.push(self.decision(step, DecisionKind::CacheOff, None, Vec::new(), why));
+                }
+                GraphSet {
+                    label: format!("layers 0..{depth} frozen"),
+                    step: StepGraphs::Whole(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?),
+                    observing: None,
+                }
+            }
+        };
+        self.switch_seconds += start.elapsed().as_secs_f64();
+        Ok((set, decisions))
+    }
+
+    fn status_text(&self) -> String {
+        let max = self.analysis.layers.len() - 1;
+        let cache = self.cache.as_ref().map(|c| format!(" | {}", c.describe())).unwrap_or_default();
+        format!("frozen {}/{max}{cache}", self.depth)
+    }
+}
+
+fn encode(model: std::result::Result<Model, edgefreeze_rewrite::RewriteError>) -> Result<Vec<u8>> {
+    Ok(encode_model(&model.map_err(|e| FreezeError::Reference(e.to_string()))?))
+}
+
+/// Checks that the cache folder can be created and written, with an error naming it.
+pub fn check_writable(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(crate::error::cache_io("create the cache folder", dir))?;
+    let probe = dir.join(".writable");
+    std::fs::write(&probe, b"").map_err(crate::error::cache_io("write into the cache folder", dir))?;
+    std::fs::remove_file(&probe).map_err(crate::error::cache_io("write into the cache folder", dir))
+}
+
+/// The first `n` samples of a batch.
+fn head(v: &Value, n: usize) -> Result<Value> {
+    let take = |len: usize| Slice::from(0..n.min(len));
+    Ok(match v {
+        Value::F32(a) => Value::F32(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
+        Value::I64(a) => Value::I64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
+        Value::F64(a) => Value::F64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
+        Value::Bool(_) => return Err(FreezeError::Reference("a boolean batch cannot be probed".into())),
+    })
+}
+
+impl edgefreeze_train::Controller for Freezer {
+    fn open(&mut self, opening: Opening<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
+        self.epoch = opening.epoch + 1;
+        let mut decisions = Vec::new();
+        match opening.saved {
+            Some(saved) => {
+                let s: SavedState = serde_json::from_value(saved.json)
+                    .map_err(|e| train_err(format!("the checkpoint's freezing state is damaged: {e}")))?;
+                self.depth = s.depth;
+                if let Policy::Auto(a) = &mut self.policy {
+                    let logic = Logic::restore(
+                        a.logic.knobs().clone(),
+                        self.analysis.layers.len(),
+                        s.controller.unwrap_or_default(),
+                    )
+                    .map_err(train_err)?;
+                    a.logic = logic;
+                    a.pending = s.pending;
+                    if let Some(step) = s.reference_step {
+                        let find = |n: &str| saved.tensors.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+                        let mut values = Vec::new();
+                        for name in &s.reference_names {
+                            let v = find(&format!("{REFERENCE_PREFIX}{name}"))
+                                .ok_or_else(|| train_err(format!("the checkpoint lacks reference tensor {name:?}")))?;
+                            values.push((name.clone(), v));
+                        }
+                        let calibration = find(CALIBRATION)
+                            .ok_or_else(|| train_err("the checkpoint lacks the reference calibration batch"))?;
+                        a.snapshot = Some(Snapshot { step, values, calibration });
+                    }
+                }
+                if let Policy::Auto(a) = &self.policy
+                    && let Some(snap) = &a.snapshot
+                {
+                    a.runner.send(rebuild_request(&self.model, snap).map_err(train_err)?).map_err(train_err)?;
+                }
+            }
+            None => {
+                if let Policy::Schedule(points) = &self.policy {
+                    self.depth = points.iter().take_while(|p| p.0 <= opening.step).last().map_or(0, |p| p.1);
+                }
+                if let Some(why) = &self.no_cache {
+                    decisions.push(self.decision(opening.step, DecisionKind::CacheOff, None, Vec::new(), why.clone()));
+                }
+            }
+        }
+        let (set, more) = self.graphs(opening.step, state).map_err(train_err)?;
+        // A resumed run already logged the cache decision of its depth.
+        if opening.step == 0 {
+            decisions.extend(more.into_iter().filter(|d| d.kind != DecisionKind::CacheOff));
+        }
+        Ok(Outcome { switch: Some(set), decisions })
+    }
+
+    fn observes(&self, step: u64) -> bool {
+        matches!(&self.policy, Policy::Auto(a) if a.logic.probe_due(step).is_some())
+    }
+
+    fn after_step(&mut self, report: &StepReport<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
+        self.epoch = report.epoch;
+        let step = report.step;
+        let mut decisions = Vec::new();
+        let before = self.depth;
+        match &mut self.policy {
+            Policy::Schedule(points) => {
+                if let Some(&(_, depth)) = points.iter().find(|p| p.0 == step) {
+                    self.depth = depth;
+                }
+            }
+            Policy::Auto(_) => {
+                let d = self.auto_step(report, state).map_err(train_err)?;
+                decisions.extend(d);
+            }
+        }
+        let mut switch = None;
+        if self.depth != before {
+            let (kind, layer) = if self.depth > before {
+                (DecisionKind::Freeze, Some(self.depth - 1))
+            } else {
+                (DecisionKind::Unfreeze, None)
+            };
+            if matches!(self.policy, Policy::Schedule(_)) {
+                decisions.push(self.decision(
+                    step,
+                    kind,
+                    layer,
+                    Vec::new(),
+                    format!("schedule: {} layers frozen after update {step}", self.depth),
+                ));
+            }
+            let (set, more) = self.graphs(step, state).map_err(train_err)?;
+            decisions.extend(more);
+            switch = Some(set);
+        }
+        Ok(Outcome { switch, decisions })
+    }
+
+    fn save(&mut self) -> edgefreeze_train::Result<Option<Saved>> {
+        let depth = self.depth;
+        let Policy::Auto(a) = &mut self.policy else {
+            let json = serde_json::to_value(SavedState { depth, ..SavedState::default() }).expect("serialises");
+            return Ok(Some(Saved { json, tensors: Vec::new() }));
+        };
+        // Settle every value in flight, so the saved state is complete.
+        while a.pending.iter().any(|p| p.sp.is_none()) {
+            let start = Instant::now();
+            let reply = a.runner.wait().map_err(train_err)?;
+            a.waited += start.elapsed().as_secs_f64();
+            take_reply(a, reply).map_err(train_err)?;
+        }
+        let mut tensors = Vec::new();
+        let (mut reference_step, mut reference_names) = (None, Vec::new());
+        if let Some(s) = &a.snapshot {
+            reference_step = Some(s.step);
+            for (n, v) in &s.values {
+                reference_names.push(n.clone());
+                tensors.push((format!("{REFERENCE_PREFIX}{n}"), v.clone()));
+            }
+            tensors.push((CALIBRATION.to_string(), s.calibration.clone()));
+        }
+        let state = SavedState {
+            depth,
+            controller: Some(a.logic.state().clone()),
+            pending: a.pending.clone(),
+            reference_step,
+            reference_names,
+        };
+        Ok(Some(Saved { json: serde_json::to_value(state).expect("serialises"), tensors }))
+    }
+
+    fn status(&self) -> Option<String> {
+        Some(self.status_text())
+    }
+
+    fn summary(&self) -> Option<String> {
+        let mut text = format!("{}; graph building {:.1} s", self.status_text(), self.switch_seconds);
+        if let Policy::Auto(a) = &self.policy {
+            text.push_str(&format!(
+                "; reference model: {} rebuilds, {} probes, {:.2} s of its thread's time, {:.2} s waited for by training",
+                a.rebuilds,
+                a.probes,
+                a.runner.busy_seconds(),
+                a.waited
+            ));
+        }
+        Some(text)
+    }
+}
+
+/// Stores a runner reply in the pending value it answers.
+fn take_reply(a: &mut Auto, reply: Reply) -> Result<()> {
+    match reply {
+        Reply::Rebuilt { .. } => Ok(()),
+        Reply::Plasticity { step, layer, sp, .. } => {
+            if let Some(p) = a.pending.iter_mut().find(|p| p.step == step && p.layer == layer) {
+                p.sp = Some(sp);
+            }
+            Ok(())
+        }
+        Reply::Failed { step, message } => Err(FreezeError::Runner(format!("after update {step}: {message}"))),
+    }
+}
+
+impl Freezer {
+    /// One update of the automatic policy: collect replies, react to a learning-rate
+    /// drop, apply the values due, take a new measurement if one is due.
+    fn auto_step(&mut self, report: &StepReport<'_>, state: &dyn StateView) -> Result<Vec<Decision>> {
+        let step = report.step;
+        let Policy::Auto(a) = &mut self.policy else { return Ok(Vec::new()) };
+        for reply in a.runner.poll()? {
+            take_reply(a, reply)?;
+        }
+        let mut actions = Vec::new();
+        // Only a step counts: the rate was constant over the two updates before. A cosine
+        // schedule's last updates fall by large factors too, smoothly, and do not.
+        if let [Some(previous), Some(before)] = report.previous_lrs
+            && previous == before
+        {
+            let drop = a.logic.on_lr_change(previous, report.lr);
+            if !drop.is_empty() {
+                // Values measured before the drop describe the old regime.
+                a.pending.clear();
+                a.snapshot = None;
+            }
+            actions.extend(drop);
+        }
+        let lag = a.logic.knobs().every.saturating_sub(1).max(1);
+        let mut measured = Vec::new();
+        while let Some(i) = a.pending.iter().position(|p| p.apply_at <= step) {
+            while a.pending[i].sp.is_none() {
+                let start = Instant::now();
+                let reply = a.runner.wait()?;
+                a.waited += start.elapsed().as_secs_f64();
+                take_reply(a, reply)?;
+            }
+            let p = a.pending.remove(i);
+            let sp = p.sp.expect("waited for above");
+            if p.layer == a.logic.depth() {
+                measured.push((p.step, p.layer, sp));
+            }
+            actions.extend(a.logic.observe(p.step, p.layer, sp));
+        }
+        if let Some(layer) = a.logic.probe_due(step)
+            && let Some((_, train)) = report.outputs.iter().find(|(n, _)| *n == probe_name(layer))
+        {
+            let n = a.probe_batch.min(report.input.shape()[0]);
+            let input = head(report.input, n)?;
+            let start = Instant::now();
+            if let Some(Action::RebuildReference { reason }) = a.logic.reference_due(step) {
+                let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
+                a.runner.send(rebuild_request(&self.model, &snap)?)?;
+                a.snapshot = Some(snap);
+                a.logic.reference_rebuilt(step);
+                a.rebuilds += 1;
+                actions.push(Action::RebuildReference { reason });
+            }
+            let train: Vec<f32> = head(train, n)?.as_f32().map(|t| t.iter().copied().collect()).unwrap_or_default();
+            a.runner.send(Request::Probe { step, layer, input, train })?;
+            a.waited += start.elapsed().as_secs_f64();
+            a.pending.push(Pending { step, layer, apply_at: step + lag, sp: None });
+            a.probes += 1;
+        }
+        let mut decisions: Vec<Decision> = measured
+            .into_iter()
+            .map(|(at, layer, sp)| Decision {
+                epoch: self.epoch,
+                step,
+                kind: DecisionKind::Plasticity,
+                layer: Some(layer),
+                depth: self.depth,
+                history: vec![sp],
+                reason: format!("SP of layer {layer} against the reference, measured after update {at}"),
+            })
+            .collect();
+        for action in actions {
+            let (kind, layer, reason) = match action {
+                Action::Freeze { layer, reason } => {
+                    self.depth = layer + 1;
+                    (DecisionKind::Freeze, Some(layer), reason)
+                }
+                Action::Unfreeze { to, reason } => {
+                    self.depth = to;
+                    (DecisionKind::Unfreeze, None, reason)
+                }
+                Action::RebuildReference { reason } => (DecisionKind::RebuildReference, None, reason),
+            };
+            decisions.push(Decision {
+                epoch: self.epoch,
+                step,
+                kind,
+                layer,
+                depth: self.depth,
+                history: reason.history,
+                reason: reason.text,
+            });
+        }
+        Ok(decisions)
+    }
+}
+
+/// Copies the live parameters and statistics the inference model holds.
+fn snapshot(
+    model: &Model,
+    state_names: &HashSet<String>,
+    step: u64,
+    input: &Value,
+    state: &dyn StateView,
+) -> Result<Snapshot> {
+    let mut values = Vec::new();
+    for name in model.graph.initializers.keys().filter(|n| state_names.contains(*n)) {
+        values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
+    }
+    Ok(Snapshot { step, values, calibration: input.clone() })
+}
+
+/// The request that builds the reference model of a snapshot.
+fn rebuild_request(model: &Model, snapshot: &Snapshot) -> Result<Request> {
+    let mut tensors = Vec::new();
+    for (name, v) in &snapshot.values {
+        let t =
+            edgefreeze_train::tensors::tensor_from_value(name, v).map_err(|e| FreezeError::Reference(e.to_string()))?;
+        tensors.push((name.clone(), t));
+    }
+    Ok(Request::Rebuild {
+        step: snapshot.step,
+        model: Box::new(with_parameters(model, &tensors)?),
+        calibration: snapshot.calibration.clone(),
+    })
+}

@@ -1,0 +1,341 @@
+//! The int8 reference model: a quantized copy of the model being trained, in standard
+//! ONNX (`ai.onnx` QuantizeLinear / DequantizeLinear), that exposes the activations at
+//! the layer boundaries.
+//!
+//! - **Weights** of Conv, Gemm and MatMul are int8 initializers with one symmetric scale
+//!   per output channel (zero point 0), dequantized in the graph.
+//! - **Activations** entering and leaving those ops are quantized per tensor,
+//!   symmetric int8, with scales calibrated on a batch by the float model (one run of
+//!   [`calibration_model`]), so every matrix product reads and writes int8-rounded
+//!   values — the pattern ONNX Runtime fuses into int8 kernels.
+//! - **Biases** are int32 with scale `activation scale × weight scale`, as ONNX's QDQ
+//!   convention wants.
+//! - BatchNormalization runs in inference mode with the running statistics of the copy
+//!   (it is the inference model's own op), Dropout is off.
+
+use crate::error::{FreezeError, Result};
+use edgefreeze_graph::analysis::Analysis;
+use edgefreeze_graph::ir::{Attribute, Model, Node, ValueInfo};
+use edgefreeze_graph::{DataType, Tensor};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Name of the output exposing the activation after layer `layer` (the same name the
+/// training graph's probes use).
+pub fn probe_name(layer: usize) -> String {
+    format!("probe.{layer}")
+}
+
+/// The largest int8 magnitude used: symmetric quantization keeps −128 unused.
+const QMAX: f32 = 127.0;
+
+/// A matrix product whose weight is an initializer: what gets quantized.
+struct Quantizable {
+    node: usize,
+    /// The weight initializer and its output-channel axis.
+    weight: String,
+    axis: usize,
+    /// A 1-D bias with one value per output channel, if any.
+    bias: Option<String>,
+}
+
+fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
+    let graph = &model.graph;
+    let mut found = Vec::new();
+    for (i, n) in graph.nodes.iter().enumerate() {
+        let Some(weight) = n.input(1).filter(|w| graph.initializers.contains_key(*w)) else { continue };
+        let Some(x) = n.input(0) else { continue };
+        if graph.initializers.contains_key(x) {
+            continue;
+        }
+        let w = &graph.initializers[weight];
+        if w.dtype() != DataType::Float32 {
+            continue;
+        }
+        let axis = match n.op_type.as_str() {
+            "Conv" => 0,
+            // B is K×N, or N×K when transposed: the output channel is N.
+            "Gemm" => {
+                if n.attr_int("transB", 0).map_err(FreezeError::Graph)? != 0 {
+                    0
+                } else {
+                    1
+                }
+            }
+            "MatMul" if w.dims().len() == 2 => 1,
+            _ => continue,
+        };
+        let channels = w.dims()[axis];
+        let bias_input = match n.op_type.as_str() {
+            "Conv" | "Gemm" => n.input(2),
+            _ => None,
+        };
+        let bias = bias_input
+            .filter(|b| graph.initializers.get(*b).is_some_and(|t| t.dims() == [channels] && t.dtype() == w.dtype()))
+            .map(String::from);
+        found.push(Quantizable { node: i, weight: weight.to_string(), axis, bias });
+    }
+    Ok(found)
+}
+
+/// Name of the output through which [`calibration_model`] exposes tensor `name` (through
+/// an Identity: tract cannot give a graph input back as an output).
+pub fn calibration_output(name: &str) -> String {
+    format!("calibrate/{name}")
+}
+
+/// The float model with the input and output of every quantized op exposed as outputs
+/// ([`calibration_output`]), so one run gives the ranges the activation scales are
+/// calibrated from. Returns the model and the names of the exposed tensors.
+pub fn calibration_model(model: &Model) -> Result<(Model, Vec<String>)> {
+    let mut names: Vec<String> = Vec::new();
+    for q in quantizable(model)? {
+        let n = &model.graph.nodes[q.node];
+        for name in [&n.inputs[0], &n.outputs[0]] {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    let mut out = model.clone();
+    for name in &names {
+        let exposed = calibration_output(name);
+        out.graph.nodes.push(Node::new(format!("{exposed}/expose"), "Identity", &[name], &[&exposed]));
+        let mut info = float_output(model, name);
+        info.name = exposed;
+        out.graph.outputs.push(info);
+    }
+    Ok((out, names))
+}
+
+fn float_output(model: &Model, name: &str) -> ValueInfo {
+    model.graph.value_type(name).unwrap_or(ValueInfo {
+        name: name.into(),
+        dtype: Some(DataType::Float32),
+        shape: None,
+        doc_string: String::new(),
+    })
+}
+
+/// Symmetric int8 scale of values whose largest magnitude is `max_abs` (1 for all zeros,
+/// since a scale must be positive).
+fn scale_of(max_abs: f32) -> f32 {
+    if max_abs > 0.0 && max_abs.is_finite() { max_abs / QMAX } else { 1.0 }
+}
+
+/// The largest magnitude of each calibrated tensor.
+pub fn ranges(names: &[String], values: &[&[f32]]) -> BTreeMap<String, f32> {
+    names.iter().zip(values).map(|(n, v)| (n.clone(), v.iter().fold(0.0f32, |m, x| m.max(x.abs())))).collect()
+}
+
+/// Replaces initializers by live values (parameters and running statistics); each must
+/// exist with the same shape.
+pub fn with_parameters(model: &Model, values: &[(String, Tensor)]) -> Result<Model> {
+    let mut out = model.clone();
+    for (name, t) in values {
+        let slot = out
+            .graph
+            .initializers
+            .get_mut(name)
+            .ok_or_else(|| FreezeError::Reference(format!("the model has no initializer {name:?}")))?;
+        if slot.dims() != t.dims() || slot.dtype() != t.dtype() {
+            return Err(FreezeError::Reference(format!(
+                "{name:?} is {} {:?} in the model but {} {:?} in the live state",
+                slot.dtype(),
+                slot.dims(),
+                t.dtype(),
+                t.dims()
+            )));
+        }
+        *slot = t.clone();
+    }
+    Ok(out)
+}
+
+/// Per-channel symmetric int8 quantization of a weight along `axis`: (int8 values, scales).
+fn quantize_per_channel(w: &Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
+    let values = w.to_f32_vec().unwrap_or_default();
+    let dims = w.dims();
+    let channels = dims[axis];
+    let inner: usize = dims[axis + 1..].iter().product();
+    let channel_of = |i: usize| (i / inner) % channels;
+    let mut max = vec![0.0f32; channels];
+    for (i, v) in values.iter().enumerate() {
+        let c = channel_of(i);
+        max[c] = max[c].max(v.abs());
+    }
+    let scales: Vec<f32> = max.iter().map(|&m| scale_of(m)).collect();
+    let q = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v / scales[channel_of(i)]).round_ties_even().clamp(-QMAX, QMAX) as i8)
+        .collect();
+    (q, scales)
+}
+
+/// Builds the int8 reference model from a float model carrying the live parameters,
+/// activation ranges from [`calibration_model`] and [`ranges`], and the layers whose
+/// output to expose (as [`probe_name`]).
+pub fn reference_model(
+    model: &Model,
+    analysis: &Analysis,
+    ranges: &BTreeMap<String, f32>,
+    probes: &[usize],
+) -> Result<Model> {
+    let targets = quantizable(model)?;
+    let by_node: HashMap<usize, &Quantizable> = targets.iter().map(|q| (q.node, q)).collect();
+    let src = &model.graph;
+    let mut out = model.clone();
+    out.graph.nodes.clear();
+    out.graph.value_info.clear();
+    let range = |name: &str| {
+        ranges.get(name).copied().ok_or_else(|| {
+            FreezeError::Reference(format!("no calibrated range for {name:?}: calibrate with calibration_model"))
+        })
+    };
+    let mut quantized_activations: HashMap<String, (String, f32)> = HashMap::new();
+    let mut dequantized_weights: HashMap<String, (String, Vec<f32>)> = HashMap::new();
+    let inits = &mut out.graph.initializers;
+    let nodes = &mut out.graph.nodes;
+    for (i, node) in src.nodes.iter().enumerate() {
+        let Some(q) = by_node.get(&i) else {
+            nodes.push(node.clone());
+            continue;
+        };
+        let mut node = node.clone();
+        // Input activation: per-tensor int8.
+        let x = node.inputs[0].clone();
+        if !quantized_activations.contains_key(&x) {
+            let scale = scale_of(range(&x)?);
+            let dq = qdq(nodes, inits, &x, &format!("{x}.int8"), scale)?;
+            quantized_activations.insert(x.clone(), (dq, scale));
+        }
+        let (x_dq, x_scale) = quantized_activations[&x].clone();
+        node.inputs[0] = x_dq;
+        // Weight: per-channel int8.
+        if !dequantized_weights.contains_key(&q.weight) {
+            let w = &src.initializers[&q.weight];
+            let (values, scales) = quantize_per_channel(w, q.axis);
+            let base = format!("{}.int8", q.weight);
+            let (qname, sname, zname, dname) =
+                (format!("{base}.q"), format!("{base}.scale"), format!("{base}.zero"), format!("{base}.dq"));
+            let bytes: Vec<u8> = values.iter().map(|&v| v as u8).collect();
+            inits.insert(qname.clone(), Tensor::from_raw(DataType::Int8, w.dims().to_vec(), bytes)?);
+            inits.insert(sname.clone(), Tensor::from_f32(vec![scales.len()], &scales)?);
+            inits.insert(zname.clone(), Tensor::from_raw(DataType::Int8, vec![scales.len()], vec![0; scales.len()])?);
+            nodes.push(
+                Node::new(format!("{base}/dequantize"), "DequantizeLinear", &[&qname, &sname, &zname], &[&dname])
+                    .with_attr("axis", Attribute::Int(q.axis as i64)),
+            );
+            dequantized_weights.insert(q.weight.clone(), (dname, scales));
+        }
+        let (w_dq, w_scales) = dequantized_weights[&q.weight].clone();
+        node.inputs[1] = w_dq;
+        // Bias: int32 at the product's scale.
+        if let Some(b) = &q.bias {
+            let values = src.initializers[b].to_f32_vec().unwrap_or_default();
+            let scales: Vec<f32> = w_scales.iter().map(|s| s * x_scale).collect();
+            let q32: Vec<u8> = values
+                .iter()
+                .zip(&scales)
+                .flat_map(|(v, s)| ((f64::from(*v) / f64::from(*s)).round() as i32).to_le_bytes())
+                .collect();
+            let base = format!("{b}.int32.{i}");
+            let (qname, sname, zname, dname) =
+                (format!("{base}.q"), format!("{base}.scale"), format!("{base}.zero"), format!("{base}.dq"));
+            inits.insert(qname.clone(), Tensor::from_raw(DataType::Int32, vec![values.len()], q32)?);
+            inits.insert(sname.clone(), Tensor::from_f32(vec![scales.len()], &scales)?);
+            inits.insert(
+                zname.clone(),
+                Tensor::from_raw(DataType::Int32, vec![scales.len()], vec![0; 4 * scales.len()])?,
+            );
+            nodes.push(
+                Node::new(format!("{base}/dequantize"), "DequantizeLinear", &[&qname, &sname, &zname], &[&dname])
+                    .with_attr("axis", Attribute::Int(0)),
+            );
+            node.inputs[2] = dname;
+        }
+        // Output activation: per-tensor int8, under the original name.
+        let y = node.outputs[0].clone();
+        let y_float = format!("{y}.float");
+        node.outputs[0] = y_float.clone();
+        nodes.push(node);
+        let scale = scale_of(range(&y)?);
+        let dq = qdq(nodes, inits, &y_float, &format!("{y}.int8"), scale)?;
+        nodes.push(Node::new(format!("{y}.int8/restore"), "Identity", &[&dq], &[&y]));
+    }
+    expose_layers(&mut out, model, analysis, probes)?;
+    out.producer_name = "edgefreeze-reference".into();
+    Ok(out)
+}
+
+/// The float model with the output of each layer in `probes` exposed as [`probe_name`]:
+/// what the reference model is compared with in tests, and a float reference.
+pub fn probe_model(model: &Model, analysis: &Analysis, probes: &[usize]) -> Result<Model> {
+    let mut out = model.clone();
+    expose_layers(&mut out, model, analysis, probes)?;
+    Ok(out)
+}
+
+fn expose_layers(out: &mut Model, source: &Model, analysis: &Analysis, probes: &[usize]) -> Result<()> {
+    let existing: HashSet<String> = out.graph.outputs.iter().map(|v| v.name.clone()).collect();
+    for &l in probes {
+        let layer = analysis.layers.get(l).ok_or_else(|| {
+            FreezeError::Reference(format!("no layer {l} to probe: the model has {}", analysis.layers.len()))
+        })?;
+        let name = probe_name(l);
+        if existing.contains(&name) {
+            return Err(FreezeError::Reference(format!("the model already has an output named {name:?}")));
+        }
+        out.graph.nodes.push(Node::new(format!("{name}/expose"), "Identity", &[&layer.output], &[&name]));
+        let mut info = float_output(source, &layer.output);
+        info.name = name;
+        out.graph.outputs.push(info);
+    }
+    Ok(())
+}
+
+/// Emits QuantizeLinear → DequantizeLinear of `x` with a per-tensor scale; returns the
+/// dequantized value's name.
+fn qdq(
+    nodes: &mut Vec<Node>,
+    inits: &mut indexmap::IndexMap<String, Tensor>,
+    x: &str,
+    base: &str,
+    scale: f32,
+) -> Result<String> {
+    let (sname, zname, qname, dname) =
+        (format!("{base}.scale"), format!("{base}.zero"), format!("{base}.q"), format!("{base}.dq"));
+    inits.insert(sname.clone(), Tensor::from_f32(vec![], &[scale])?);
+    inits.insert(zname.clone(), Tensor::from_raw(DataType::Int8, vec![], vec![0])?);
+    nodes.push(Node::new(format!("{base}/quantize"), "QuantizeLinear", &[x, &sname, &zname], &[&qname]));
+    nodes.push(Node::new(format!("{base}/dequantize"), "DequantizeLinear", &[&qname, &sname, &zname], &[&dname]));
+    Ok(dname)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_channel_scales_follow_the_axis() {
+        // 2 output channels × 3: channel 0 reaches 1.27, channel 1 reaches 0.254.
+        let w = Tensor::from_f32(vec![2, 3], &[1.27, -0.5, 0.0, 0.1, -0.254, 0.2]).unwrap();
+        let (q, s) = quantize_per_channel(&w, 0);
+        assert!((s[0] - 0.01).abs() < 1e-9 && (s[1] - 0.002).abs() < 1e-9, "{s:?}");
+        assert_eq!(q, vec![127, -50, 0, 50, -127, 100]);
+        // Along axis 1 (3 channels of 2 values each).
+        let (q, s) = quantize_per_channel(&w, 1);
+        assert_eq!(s.len(), 3);
+        // Channel 0 is {1.27, 0.1}, channel 1 {-0.5, -0.254}, channel 2 {0, 0.2}.
+        assert_eq!((q[0], q[3]), (127, 10));
+        assert_eq!(q[1], -127);
+        assert_eq!((q[2], q[5]), (0, 127));
+    }
+
+    #[test]
+    fn zero_ranges_get_a_positive_scale() {
+        assert_eq!(scale_of(0.0), 1.0);
+        assert_eq!(scale_of(f32::NAN), 1.0);
+        assert!((scale_of(12.7) - 0.1).abs() < 1e-8);
+    }
+}

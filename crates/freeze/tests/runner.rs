@@ -1,0 +1,55 @@
+//! The reference runner on its own thread: it builds the int8 model from the live
+//! parameters it is sent, answers probes with SP losses, never makes the caller wait
+//! unless asked to, and reports failures as replies.
+
+use edgefreeze_engine::{EngineKind, EngineOptions, Value};
+use edgefreeze_freeze::reference::{probe_model, probe_name};
+use edgefreeze_freeze::{ReferenceRunner, Reply, Request};
+use edgefreeze_graph::analyse;
+use edgefreeze_graph::save::encode_model;
+use ndarray::{ArrayD, IxDyn};
+use std::path::Path;
+
+#[test]
+fn the_runner_rebuilds_and_measures_off_the_calling_thread() {
+    let m = edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/lenet5.onnx")).unwrap();
+    let analysis = analyse(&m).unwrap();
+    let one = EngineOptions { threads: Some(1), ..Default::default() };
+    let mut runner = ReferenceRunner::spawn(EngineKind::Tract, one.clone(), analysis.clone(), vec![0, 1], 2).unwrap();
+    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
+    let input = Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap());
+
+    // A probe before any reference model is a failure reply, not a panic or a hang.
+    runner.send(Request::Probe { step: 1, layer: 0, input: input.clone(), train: vec![0.0; 8] }).unwrap();
+    assert!(matches!(runner.wait().unwrap(), Reply::Failed { step: 1, .. }));
+    assert!(runner.poll().unwrap().is_empty(), "nothing else is pending");
+
+    runner.send(Request::Rebuild { step: 2, model: Box::new(m.clone()), calibration: input.clone() }).unwrap();
+    // The float model's own activation: the int8 copy must be close to it.
+    let mut float =
+        edgefreeze_engine::load(&EngineKind::Tract, &encode_model(&probe_model(&m, &analysis, &[1]).unwrap()), &one)
+            .unwrap();
+    let outs = float.run(&[("input", &input)]).unwrap();
+    let i = float.output_names().iter().position(|n| *n == probe_name(1)).unwrap();
+    let train: Vec<f32> = outs[i].as_f32().unwrap().iter().copied().collect();
+    runner.send(Request::Probe { step: 3, layer: 1, input: input.clone(), train }).unwrap();
+    let mut replies = Vec::new();
+    while replies.len() < 2 {
+        replies.push(runner.wait().unwrap());
+    }
+    assert!(matches!(replies[0], Reply::Rebuilt { step: 2, nodes, .. } if nodes > m.graph.nodes.len()));
+    match replies[1] {
+        Reply::Plasticity { step: 3, layer: 1, sp, seconds } => {
+            assert!(sp < 1e-4, "SP {sp}");
+            assert!(seconds > 0.0);
+        }
+        ref other => panic!("expected a plasticity value, got {other:?}"),
+    }
+    assert!(runner.busy_seconds() > 0.0);
+    // A layer the reference does not expose is an error reply naming it.
+    runner.send(Request::Probe { step: 4, layer: 3, input, train: vec![0.0; 8 * 84] }).unwrap();
+    match runner.wait().unwrap() {
+        Reply::Failed { step: 4, message } => assert!(message.contains("layer 3"), "{message}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
