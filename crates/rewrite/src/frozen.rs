@@ -1,7 +1,7 @@
 //! Frozen-prefix training steps with probe outputs, and the cached-activation pair
 //! (prefix graph, suffix step) at a cut.
 
-use crate::cut::{ACTIVATION, cut_model};
+use crate::cut::{ACTIVATION, Parts, cut_model};
 use crate::error::{Result, RewriteError};
 use edgefreeze_autodiff::artifacts::{GraphEntry, Port, frozen_prefix_options, graph_entry, port};
 use edgefreeze_autodiff::training::{assemble, emitter_for, param_info, split_parameters};
@@ -91,14 +91,19 @@ pub fn prefix_graph(model: &Model, cut: usize) -> Result<Model> {
 /// [`prefix_graph`] it makes the same step as [`frozen_prefix_step`] with
 /// `frozen_layers = cut + 1`.
 pub fn suffix_step(model: &Model, cut: usize, spec: &StepSpec) -> Result<Model> {
-    suffix_step_of(&cut_model(model, cut)?.back, spec)
+    suffix_step_of(&cut_model(model, cut)?, spec)
 }
 
-fn suffix_step_of(back: &Model, spec: &StepSpec) -> Result<Model> {
+/// A parameter the back shares with the front (tied weights) is frozen, as the
+/// frozen-prefix step freezes it with the layer that first uses it.
+fn suffix_step_of(parts: &Parts, spec: &StepSpec) -> Result<Model> {
+    let front: HashSet<String> = split_parameters(&parts.front, &[])?.trainable.into_iter().collect();
+    let shared = split_parameters(&parts.back, &[])?.trainable.into_iter().filter(|p| front.contains(p)).collect();
+    let back = &parts.back;
     let options = StepOptions {
         objective: Objective::Loss(spec.loss.clone()),
         optimizer: Some(spec.optimizer.clone()),
-        frozen: Vec::new(),
+        frozen: shared,
         frozen_as_inputs: true,
         inference_nodes: HashSet::new(),
         input_gradients: Vec::new(),
@@ -150,7 +155,7 @@ pub mod cache_files {
 pub fn cached_pair(model: &Model, cut: usize, spec: &StepSpec) -> Result<CachedPair> {
     let parts = cut_model(model, cut)?;
     let prefix = inference_forward(&parts.front, "prefix", ACTIVATION)?;
-    let suffix_step = suffix_step_of(&parts.back, spec)?;
+    let suffix_step = suffix_step_of(&parts, spec)?;
     let activation = prefix.graph.outputs.iter().find(|v| v.name == ACTIVATION).map(port);
     let manifest = CacheManifest {
         format: "edgefreeze-cache/1".into(),
