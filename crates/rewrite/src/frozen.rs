@@ -86,7 +86,7 @@ pub fn prefix_graph(model: &Model, cut: usize) -> Result<Model> {
 }
 
 /// The suffix training step of the pair at cut `cut`: ([`ACTIVATION`], labels, learning
-/// rate, [step], back parameters, their optimizer state, back running statistics) →
+/// rate, (step), back parameters, their optimizer state, back running statistics) →
 /// (loss, correct, `updated.*` of the back's parameters, state and statistics). Run after
 /// [`prefix_graph`] it makes the same step as [`frozen_prefix_step`] with
 /// `frozen_layers = cut + 1`.
