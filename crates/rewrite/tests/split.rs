@@ -171,8 +171,10 @@ fn compare(what: &str, got: &HashMap<String, Value>, expected: &HashMap<String, 
     worst
 }
 
-fn has_batch_norm(m: &Model) -> bool {
-    m.graph.nodes.iter().any(|n| n.op_type == "BatchNormalization")
+/// Whether micro-batching changes the step: BatchNorm normalises per micro-batch, and a
+/// Dropout mask is drawn from the element's index within its micro-batch.
+fn depends_on_micro_batching(m: &Model) -> bool {
+    m.graph.nodes.iter().any(|n| n.op_type == "BatchNormalization" || n.op_type == "Dropout")
 }
 
 /// The first and a middle valid cut.
@@ -183,7 +185,11 @@ fn two_cuts(m: &Model) -> Vec<usize> {
 }
 
 fn check_model(file: &str) {
-    let m = model(file);
+    check(file, &model(file));
+}
+
+fn check(file: &str, m: &Model) {
+    let m = m.clone();
     let state = state_of(&m);
     let state_names: Vec<String> = {
         let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
@@ -225,9 +231,9 @@ fn check_model(file: &str) {
                 assert!(diff <= SAME_OPS * norm, "{what}: losses {losses:?} vs {local_losses:?}");
                 worst =
                     worst.max(compare(&format!("{what}, M=2 against local micro-batches"), &got, local, &state_names));
-                if !has_batch_norm(&m) {
-                    // Without BatchNorm, micro-batching changes nothing: the unsplit step
-                    // on the whole batch of 4.
+                if !depends_on_micro_batching(&m) {
+                    // Without BatchNorm or Dropout, micro-batching changes nothing: the
+                    // unsplit step on the whole batch of 4.
                     worst =
                         worst.max(compare(&format!("{what}, M=2 against the whole batch"), &got, whole, &state_names));
                     let mean = losses.iter().sum::<f64>() / 2.0;
@@ -353,4 +359,54 @@ fn the_manifest_places_every_state_tensor_and_counts_the_bytes_that_cross() {
     let state = std::fs::read(dir.path().join("split_state.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&state).unwrap();
     assert_eq!(tensors.len(), manifest.state.len());
+}
+
+/// x → MatMul → Dropout → Relu → MatMul → Dropout → Relu → MatMul → logits: Dropout on
+/// both sides of either cut.
+fn with_dropout() -> Model {
+    use edgefreeze_graph::ir::{Dim, Graph, Node, ValueInfo};
+    use edgefreeze_graph::{DataType, Tensor};
+    let mut graph = Graph {
+        name: "dropout_mlp".into(),
+        nodes: vec![
+            Node::new("fc1", "MatMul", &["x", "w1"], &["a1"]),
+            Node::new("drop1", "Dropout", &["a1"], &["d1"]),
+            Node::new("relu1", "Relu", &["d1"], &["h1"]),
+            Node::new("fc2", "MatMul", &["h1", "w2"], &["a2"]),
+            Node::new("drop2", "Dropout", &["a2"], &["d2"]),
+            Node::new("relu2", "Relu", &["d2"], &["h2"]),
+            Node::new("fc3", "MatMul", &["h2", "w3"], &["logits"]),
+        ],
+        inputs: vec![ValueInfo::new("x", DataType::Float32, vec![Dim::Symbol("N".into()), Dim::Fixed(6)])],
+        outputs: vec![ValueInfo { name: "logits".into(), dtype: None, shape: None, doc_string: String::new() }],
+        ..Default::default()
+    };
+    for (name, rows, cols) in [("w1", 6, 8), ("w2", 8, 8), ("w3", 8, 3)] {
+        let mut d = common::Draw::new(name);
+        let w: Vec<f32> = (0..rows * cols).map(|_| (d.next() - 0.5) as f32).collect();
+        graph.initializers.insert(name.into(), Tensor::from_f32(vec![rows, cols], &w).unwrap());
+    }
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
+    edgefreeze_graph::prepare(model).unwrap()
+}
+
+#[test]
+fn split_with_dropout_on_both_sides_draws_the_masks_of_the_whole_graph() {
+    let m = with_dropout();
+    let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
+    assert!(names(&unsplit, true).iter().any(|n| n == "dropout_seed"), "training-mode Dropout reads the seed");
+    for cut in two_cuts(&m) {
+        let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: false, recompute: true }).unwrap();
+        // Cut 0 leaves drop2 to the edge; cut 1 keeps both on the device.
+        let edge_has_dropout = cut == 0;
+        for (graph, reads) in [
+            (&set.device_forward, true),
+            (set.device_backward.as_ref().unwrap(), true),
+            (&set.edge_step, edge_has_dropout),
+        ] {
+            let has = names(graph, true).iter().any(|n| n == "dropout_seed");
+            assert_eq!(has, reads, "cut {cut}: {}", graph.graph.name);
+        }
+    }
+    check("dropout_mlp", &m);
 }
