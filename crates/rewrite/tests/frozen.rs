@@ -59,6 +59,22 @@ fn no_frozen_layers_is_the_ordinary_training_step() {
 }
 
 #[test]
+fn convert_and_train_freeze_build_the_frozen_prefix_step() {
+    let m = model("resnet20_28.onnx");
+    let training = TrainingSpec { loss: spec().loss, optimizer: sgd(), frozen: vec![] };
+    let artifacts = convert(&m, "test", &training, 3, ("ce", "sgd", 0.1)).unwrap();
+    let step = frozen_prefix_step(&m, &spec(), 3, &[]).unwrap();
+    assert_eq!(artifacts.train_step.graph.nodes.len(), step.graph.nodes.len());
+    assert_eq!(inputs(&artifacts.train_step), inputs(&step));
+    assert_eq!(outputs(&artifacts.train_step), outputs(&step));
+    // Every input the step reads from the state is in the manifest's state.
+    let state: Vec<&str> = artifacts.manifest.state.iter().map(|e| e.name.as_str()).collect();
+    for input in inputs(&step).iter().filter(|i| m.graph.initializers.contains_key(*i)) {
+        assert!(state.contains(&input.as_str()), "{input} is not in the state");
+    }
+}
+
+#[test]
 fn frozen_layers_have_no_backward_no_update_and_read_their_parameters_as_inputs() {
     let m = model("resnet20_28.onnx");
     let analysis = analyse(&m).unwrap();
