@@ -54,7 +54,7 @@ pub use cut::{ACTIVATION, Parts, activation_name, cut_model, find_cut};
 pub use error::{Result, RewriteError};
 pub use frozen::{
     CacheManifest, CachedPair, StepSpec, cache_files, cached_pair, frozen_prefix_step, prefix_graph, probe_name,
-    suffix_step,
+    suffix_step, suffix_step_with_probes,
 };
 pub use split::{
     GraphRole, STASH_PREFIX, SplitGraphEntry, SplitGraphs, SplitManifest, SplitOptions, grad_activation_name, split,

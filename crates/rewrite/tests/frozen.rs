@@ -10,6 +10,7 @@ use edgefreeze_engine::Value;
 use edgefreeze_graph::analyse;
 use edgefreeze_rewrite::{
     ACTIVATION, RewriteError, StepSpec, frozen_prefix_step, prefix_graph, probe_name, suffix_step,
+    suffix_step_with_probes,
 };
 use std::collections::HashMap;
 
@@ -178,9 +179,14 @@ fn check_cached_pair(file: &str, cuts: &[usize], batch: usize) {
     let state = state_of(&m);
     let mut worst: f64 = 0.0;
     for &cut in cuts {
-        let frozen = frozen_prefix_step(&m, &spec(), cut + 1, &[]).unwrap();
+        // Probes of the layers behind the cut: the same values from both.
+        let behind: Vec<usize> = (cut + 1..analyse(&m).unwrap().layers.len()).collect();
+        let frozen = frozen_prefix_step(&m, &spec(), cut + 1, &behind).unwrap();
         let prefix = prefix_graph(&m, cut).unwrap();
-        let suffix = suffix_step(&m, cut, &spec()).unwrap();
+        let suffix = suffix_step_with_probes(&m, cut, &spec(), &behind).unwrap();
+        assert_eq!(outputs(&suffix_step(&m, cut, &spec()).unwrap()).len() + behind.len(), outputs(&suffix).len());
+        let err = suffix_step_with_probes(&m, cut, &spec(), &[cut]).unwrap_err();
+        assert!(matches!(err, RewriteError::Probe { .. }), "a probe in front of the cut: {err}");
         assert_eq!(outputs(&prefix), [ACTIVATION]);
         assert!(inputs(&suffix).contains(&ACTIVATION.to_string()));
         for (engine, kind) in engines() {
