@@ -3,7 +3,8 @@
 //! - [`frozen_prefix_step`]: the training step with the first K layers frozen (no
 //!   backward, no update, inference-mode BatchNorm), every parameter and statistic a
 //!   graph input, and optional probe outputs ([`probe_name`]) at layer boundaries.
-//! - [`prefix_graph`] and [`suffix_step`]: the cached-activation pair at a valid cut.
+//! - [`prefix_graph`] and [`suffix_step`]: the cached-activation pair at a valid cut
+//!   ([`suffix_step_with_probes`] adds probes of the layers behind the cut).
 //! - [`split`]: the device/edge set at a valid cut (device forward, edge step, device
 //!   backward, one optimizer graph per side) and its [`SplitManifest`].
 //!
