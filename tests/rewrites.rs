@@ -1,5 +1,6 @@
 //! Every graph the rewrites emit, for every bundled model, is standard ONNX: the default
-//! `ai.onnx` domain only, and `onnx.checker` with `full_check` passes.
+//! `ai.onnx` domain only, and `onnx.checker` with `full_check` passes; and lean (no
+//! dead nodes, common subexpressions merged).
 
 use edgefreeze_autodiff::{Loss, Optimizer};
 use edgefreeze_graph::{Model, analyse, import, save_model};
@@ -37,6 +38,14 @@ fn every_rewritten_graph_is_standard_onnx_and_passes_the_checker() {
             }
         }
         for (kind, m) in graphs {
+            // Lean: no dead nodes, no shared subexpression left unmerged.
+            let mut copy = m.graph.clone();
+            assert_eq!(copy.remove_dead_nodes(), 0, "{stem} {kind}: dead nodes");
+            assert_eq!(
+                edgefreeze_graph::optimize::merge_common_subexpressions(&mut copy),
+                0,
+                "{stem} {kind}: unmerged"
+            );
             assert!(
                 m.graph.nodes.iter().all(|n| n.domain.is_empty()) && m.opset_imports.iter().all(|(d, _)| d.is_empty()),
                 "{stem} {kind}: only the default ai.onnx domain"

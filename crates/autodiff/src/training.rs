@@ -433,8 +433,8 @@ fn emit_updates(
 }
 
 /// Builds a training-step or gradient-accumulation graph (see [`StepOptions`]):
-/// (inputs, labels or seed gradient, [learning rate, step], trainable parameters,
-/// [optimizer state], running statistics, [frozen parameters and statistics]) →
+/// (inputs, labels or seed gradient, (learning rate, step), trainable parameters,
+/// (optimizer state), running statistics, (frozen parameters and statistics)) →
 /// (loss, correct, [`grad.<input>`, `grad.<p>`] or [updated parameters and state],
 /// updated statistics, extra outputs).
 pub fn step_graph(model: &Model, name: &str, options: &StepOptions) -> Result<Model> {
@@ -498,7 +498,7 @@ pub fn training_step_graph(model: &Model, spec: &TrainingSpec) -> Result<Model> 
 /// Name of the scalar input of [`update_graph`] that multiplies accumulated gradients.
 pub const GRAD_SCALE: &str = "grad_scale";
 
-/// The optimizer alone: (learning rate, [step], `grad_scale`, parameters, optimizer
+/// The optimizer alone: (learning rate, (step), `grad_scale`, parameters, optimizer
 /// state, `grad.<p>`) → (updated parameters, updated state), for the parameters `params`
 /// of `model`. The gradient used is `grad.<p> · grad_scale`: gradients summed over M
 /// micro-batches, each the gradient of its micro-batch's mean loss, with a scale of 1/M

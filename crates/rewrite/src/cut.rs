@@ -2,7 +2,7 @@
 //! back part (the activation → the model's output), each an ordinary model.
 
 use crate::error::{Result, RewriteError};
-use crate::subgraph::{extract, value_names};
+use crate::subgraph::{extract, needed_nodes, value_names};
 use edgefreeze_graph::Tensor;
 use edgefreeze_graph::analysis::{Analysis, Cut, analyse, is_metadata_input};
 use edgefreeze_graph::infer::{Inference, infer};
@@ -73,7 +73,7 @@ pub fn cut_model(model: &Model, cut: usize) -> Result<Parts> {
 fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<Model> {
     let graph = &model.graph;
     let types = infer(graph, model.opset())?;
-    let front = front_nodes(model, &cut.tensor);
+    let (front, _) = needed_nodes(graph, [cut.tensor.as_str()], &HashSet::new());
     // Values that depend on the data through more than its shape and type.
     let mut data: HashSet<String> = graph.inputs.iter().map(|v| v.name.clone()).collect();
     for node in &graph.nodes {
@@ -86,7 +86,7 @@ fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<Model> {
         .nodes
         .iter()
         .enumerate()
-        .filter(|(i, _)| front.contains(i))
+        .filter(|(i, _)| front[*i])
         .flat_map(|(_, n)| n.outputs.iter())
         .chain(graph.inputs.iter().map(|v| &v.name))
         .filter(|v| data.contains(*v) && **v != cut.tensor)
@@ -113,7 +113,7 @@ fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<Model> {
     out.graph.nodes.clear();
     for (i, node) in graph.nodes.iter().enumerate() {
         let produces_data = node.outputs.iter().any(|o| data.contains(o));
-        if front.contains(&i) {
+        if front[i] {
             out.graph.nodes.push(node.clone());
             if produces_data || !(reads_front_metadata(node) || node.inputs.iter().any(|v| copies.contains_key(v))) {
                 continue;
@@ -144,19 +144,6 @@ fn rename_inputs(node: &mut Node, renames: &HashMap<String, String>) {
             *v = r.clone();
         }
     }
-}
-
-/// Indices of the nodes the value `value` depends on.
-fn front_nodes(model: &Model, value: &str) -> HashSet<usize> {
-    let mut needed: HashSet<&str> = HashSet::from([value]);
-    let mut nodes = HashSet::new();
-    for (i, node) in model.graph.nodes.iter().enumerate().rev() {
-        if node.outputs.iter().any(|o| needed.contains(o.as_str())) {
-            nodes.insert(i);
-            needed.extend(node.inputs.iter().map(String::as_str).filter(|s| !s.is_empty()));
-        }
-    }
-    nodes
 }
 
 /// `node`, or, where it reads the shape or type of a front value, its rewrite that reads

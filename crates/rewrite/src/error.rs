@@ -28,11 +28,13 @@ pub enum RewriteError {
         /// The model's layer count.
         layers: usize,
     },
-    /// A probe at a layer the model does not have.
-    #[error("cannot probe layer {layer}: the model has {layers} layers (0..{layers})")]
+    /// A probe at a layer the graph does not compute.
+    #[error("cannot probe layer {layer}: this graph computes layers {first}..{layers}")]
     Probe {
         /// The layer asked.
         layer: usize,
+        /// The first layer the graph computes.
+        first: usize,
         /// The model's layer count.
         layers: usize,
     },

@@ -1,7 +1,7 @@
 //! Frozen-prefix training steps with probe outputs, and the cached-activation pair
 //! (prefix graph, suffix step) at a cut.
 
-use crate::cut::{ACTIVATION, cut_model};
+use crate::cut::{ACTIVATION, Parts, cut_model};
 use crate::error::{Result, RewriteError};
 use edgefreeze_autodiff::artifacts::{GraphEntry, Port, frozen_prefix_options, graph_entry, port};
 use edgefreeze_autodiff::training::{assemble, emitter_for, param_info, split_parameters};
@@ -42,21 +42,34 @@ pub fn frozen_prefix_step(model: &Model, spec: &StepSpec, frozen_layers: usize, 
     if frozen_layers > layers {
         return Err(RewriteError::FreezeDepth { asked: frozen_layers, layers });
     }
-    let probes: BTreeSet<usize> = probes.iter().copied().collect();
-    if let Some(&layer) = probes.iter().find(|&&l| l >= layers) {
-        return Err(RewriteError::Probe { layer, layers });
-    }
-    let existing = crate::subgraph::value_names(&model.graph);
     let training = TrainingSpec { loss: spec.loss.clone(), optimizer: spec.optimizer.clone(), frozen: Vec::new() };
     let mut options = frozen_prefix_options(model, &analysis, &training, frozen_layers)?;
+    options.extra_outputs = probe_outputs(model, &analysis, probes, 0)?;
+    Ok(step_graph(model, "train_step", &options)?)
+}
+
+/// The (layer output, [`probe_name`]) pairs of `probes`, each a layer from `first` on.
+fn probe_outputs(
+    model: &Model,
+    analysis: &edgefreeze_graph::Analysis,
+    probes: &[usize],
+    first: usize,
+) -> Result<Vec<(String, String)>> {
+    let layers = analysis.layers.len();
+    let probes: BTreeSet<usize> = probes.iter().copied().collect();
+    if let Some(&layer) = probes.iter().find(|&&l| l >= layers || l < first) {
+        return Err(RewriteError::Probe { layer, first, layers });
+    }
+    let existing = crate::subgraph::value_names(&model.graph);
+    let mut outputs = Vec::new();
     for l in probes {
         let name = probe_name(l);
         if existing.contains(name.as_str()) {
             return Err(RewriteError::NameTaken(name));
         }
-        options.extra_outputs.push((analysis.layers[l].output.clone(), name));
+        outputs.push((analysis.layers[l].output.clone(), name));
     }
-    Ok(step_graph(model, "train_step", &options)?)
+    Ok(outputs)
 }
 
 /// The front of a model in inference mode, as frozen layers run it: (data inputs,
@@ -86,23 +99,34 @@ pub fn prefix_graph(model: &Model, cut: usize) -> Result<Model> {
 }
 
 /// The suffix training step of the pair at cut `cut`: ([`ACTIVATION`], labels, learning
-/// rate, [step], back parameters, their optimizer state, back running statistics) →
+/// rate, (step), back parameters, their optimizer state, back running statistics) →
 /// (loss, correct, `updated.*` of the back's parameters, state and statistics). Run after
 /// [`prefix_graph`] it makes the same step as [`frozen_prefix_step`] with
 /// `frozen_layers = cut + 1`.
 pub fn suffix_step(model: &Model, cut: usize, spec: &StepSpec) -> Result<Model> {
-    suffix_step_of(&cut_model(model, cut)?.back, spec)
+    suffix_step_of(&cut_model(model, cut)?, spec, &[])
 }
 
-fn suffix_step_of(back: &Model, spec: &StepSpec) -> Result<Model> {
+/// [`suffix_step`] with probe outputs [`probe_name`]`(l)` for layers `l` behind the cut
+/// (`cut < l < layers`), the same values the frozen-prefix step's probes give.
+pub fn suffix_step_with_probes(model: &Model, cut: usize, spec: &StepSpec, probes: &[usize]) -> Result<Model> {
+    suffix_step_of(&cut_model(model, cut)?, spec, probes)
+}
+
+/// A parameter the back shares with the front (tied weights) is frozen, as the
+/// frozen-prefix step freezes it with the layer that first uses it.
+fn suffix_step_of(parts: &Parts, spec: &StepSpec, probes: &[usize]) -> Result<Model> {
+    let front: HashSet<String> = split_parameters(&parts.front, &[])?.trainable.into_iter().collect();
+    let shared = split_parameters(&parts.back, &[])?.trainable.into_iter().filter(|p| front.contains(p)).collect();
+    let back = &parts.back;
     let options = StepOptions {
         objective: Objective::Loss(spec.loss.clone()),
         optimizer: Some(spec.optimizer.clone()),
-        frozen: Vec::new(),
+        frozen: shared,
         frozen_as_inputs: true,
         inference_nodes: HashSet::new(),
         input_gradients: Vec::new(),
-        extra_outputs: Vec::new(),
+        extra_outputs: probe_outputs(back, &parts.analysis, probes, parts.cut.after_layer + 1)?,
     };
     Ok(step_graph(back, "suffix_step", &options)?)
 }
@@ -150,7 +174,7 @@ pub mod cache_files {
 pub fn cached_pair(model: &Model, cut: usize, spec: &StepSpec) -> Result<CachedPair> {
     let parts = cut_model(model, cut)?;
     let prefix = inference_forward(&parts.front, "prefix", ACTIVATION)?;
-    let suffix_step = suffix_step_of(&parts.back, spec)?;
+    let suffix_step = suffix_step_of(&parts, spec, &[])?;
     let activation = prefix.graph.outputs.iter().find(|v| v.name == ACTIVATION).map(port);
     let manifest = CacheManifest {
         format: "edgefreeze-cache/1".into(),

@@ -5,7 +5,7 @@
 use crate::cut::{ACTIVATION, Parts, cut_model};
 use crate::error::{Result, RewriteError};
 use crate::frozen::{StepSpec, inference_forward};
-use crate::subgraph::extract;
+use crate::subgraph::{extract, needed_nodes};
 use edgefreeze_autodiff::artifacts::{GraphEntry, Port, Role, Side, StateEntry, graph_entry, initial_state, port};
 use edgefreeze_autodiff::training::{grad_name, split_parameters};
 use edgefreeze_autodiff::{GRAD_SCALE, Objective, StepOptions, step_graph, update_graph};
@@ -256,11 +256,11 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
     let (grads, forward_outputs): (Vec<String>, Vec<String>) =
         outputs.into_iter().partition(|o| o.starts_with(edgefreeze_autodiff::training::GRAD_PREFIX));
     let pairs = |names: &[String]| names.iter().map(|n| (n.clone(), n.clone())).collect::<Vec<_>>();
-    let forward_nodes = needed_nodes(&joint, &forward_outputs);
+    let forward_nodes = nodes_for(&joint, &forward_outputs);
     let stash: Vec<String> = if recompute {
         Vec::new()
     } else {
-        let backward_nodes = needed_nodes(&joint, &grads);
+        let backward_nodes = nodes_for(&joint, &grads);
         // What varies per micro-batch: the data and the dropout seed; not the parameters.
         let mut per_batch: Vec<String> = parts.front.graph.inputs.iter().map(|v| v.name.clone()).collect();
         per_batch.push(edgefreeze_autodiff::training_mode::DROPOUT_SEED.to_string());
@@ -290,16 +290,9 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
 }
 
 /// Indices of the nodes the named outputs depend on.
-fn needed_nodes(model: &Model, outputs: &[String]) -> HashSet<usize> {
-    let mut needed: HashSet<&str> = outputs.iter().map(String::as_str).collect();
-    let mut nodes = HashSet::new();
-    for (i, node) in model.graph.nodes.iter().enumerate().rev() {
-        if node.outputs.iter().any(|o| needed.contains(o.as_str())) {
-            nodes.insert(i);
-            needed.extend(node.inputs.iter().map(String::as_str).filter(|s| !s.is_empty()));
-        }
-    }
-    nodes
+fn nodes_for(model: &Model, outputs: &[String]) -> HashSet<usize> {
+    let (keep, _) = needed_nodes(&model.graph, outputs.iter().map(String::as_str), &HashSet::new());
+    keep.into_iter().enumerate().filter_map(|(i, k)| k.then_some(i)).collect()
 }
 
 /// Values that depend on the given data inputs.

@@ -19,6 +19,24 @@ pub fn value_names(graph: &Graph) -> HashSet<&str> {
         .collect()
 }
 
+/// Which nodes (by index, in a topologically sorted graph) the values `outputs` depend
+/// on when the values in `given` are known, and every value they read.
+pub fn needed_nodes<'a>(
+    graph: &'a Graph,
+    outputs: impl IntoIterator<Item = &'a str>,
+    given: &HashSet<&str>,
+) -> (Vec<bool>, HashSet<&'a str>) {
+    let mut needed: HashSet<&str> = outputs.into_iter().collect();
+    let mut keep = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if node.outputs.iter().any(|o| needed.contains(o.as_str()) && !given.contains(o.as_str())) {
+            keep[i] = true;
+            needed.extend(node.inputs.iter().map(String::as_str).filter(|v| !v.is_empty() && !given.contains(v)));
+        }
+    }
+    (keep, needed)
+}
+
 /// The part of `model` that computes `outputs` when the values in `inputs` are given.
 ///
 /// Each `(value, name)` of `inputs` becomes a graph input `name` (typed like the value)
@@ -35,16 +53,21 @@ pub fn extract(model: &Model, name: &str, inputs: &[(String, String)], outputs: 
         }
     }
     let given: HashMap<&str, &str> = inputs.iter().map(|(v, n)| (v.as_str(), n.as_str())).collect();
-    let mut needed: HashSet<&str> = outputs.iter().map(|(v, _)| v.as_str()).collect();
-    let mut keep = vec![false; graph.nodes.len()];
-    for (i, node) in graph.nodes.iter().enumerate().rev() {
-        if node.outputs.iter().any(|o| needed.contains(o.as_str()) && !given.contains_key(o.as_str())) {
-            keep[i] = true;
-            needed.extend(node.inputs.iter().map(String::as_str).filter(|v| !v.is_empty() && !given.contains_key(v)));
-        }
+    let stop: HashSet<&str> = given.keys().copied().collect();
+    let (keep, needed) = needed_nodes(graph, outputs.iter().map(|(v, _)| v.as_str()), &stop);
+    // A value is renamed to its first output name; further names of it are copies.
+    // Only values the part computes are renamed; graph inputs and constants are copied.
+    let computed: HashSet<&str> = graph
+        .nodes
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .flat_map(|(n, _)| n.outputs.iter().map(String::as_str))
+        .collect();
+    let mut rename: HashMap<&str, &str> = given.clone();
+    for (v, n) in outputs.iter().filter(|(v, _)| computed.contains(v.as_str())) {
+        rename.entry(v.as_str()).or_insert(n.as_str());
     }
-    let rename: HashMap<&str, &str> =
-        given.iter().map(|(v, n)| (*v, *n)).chain(outputs.iter().map(|(v, n)| (v.as_str(), n.as_str()))).collect();
     let renamed = |v: &String| rename.get(v.as_str()).map_or_else(|| v.clone(), |n| n.to_string());
     let mut nodes: Vec<Node> = Vec::new();
     for (node, _) in graph.nodes.iter().zip(&keep).filter(|(_, k)| **k) {
@@ -62,12 +85,13 @@ pub fn extract(model: &Model, name: &str, inputs: &[(String, String)], outputs: 
     let mut graph_outputs = Vec::new();
     for (value, new) in outputs {
         if !produced.contains(new) {
-            // A given or constant value passed straight through.
-            let source = given.get(value.as_str()).map_or(value.as_str(), |n| n);
-            if !given.contains_key(value.as_str()) && !existing.contains(value.as_str()) {
+            // A given value, a constant, or a value with another output name: copied.
+            let source = renamed(value);
+            if !produced.contains(&source) && !given.contains_key(value.as_str()) && !existing.contains(value.as_str())
+            {
                 return Err(RewriteError::NoValue(value.clone()));
             }
-            nodes.push(Node::new(format!("output/{new}"), "Identity", &[source], &[new]));
+            nodes.push(Node::new(format!("output/{new}"), "Identity", &[&source], &[new]));
         }
         graph_outputs.push(typed(value, new)?);
     }

@@ -158,15 +158,23 @@ fn local_step(
     (state, losses)
 }
 
-fn compare(what: &str, got: &HashMap<String, Value>, expected: &HashMap<String, Value>, names: &[String]) {
+/// Checks every named state tensor; returns the largest relative difference seen.
+fn compare(what: &str, got: &HashMap<String, Value>, expected: &HashMap<String, Value>, names: &[String]) -> f64 {
+    let mut worst: f64 = 0.0;
     for name in names {
         let (diff, norm) = distance(&floats(&got[name]), &floats(&expected[name]));
         assert!(diff <= SAME_OPS * norm + 1e-7, "{what}: {name} differs by {diff:.3e} (norm {norm:.3e})");
+        if norm > 0.0 {
+            worst = worst.max(diff / norm);
+        }
     }
+    worst
 }
 
-fn has_batch_norm(m: &Model) -> bool {
-    m.graph.nodes.iter().any(|n| n.op_type == "BatchNormalization")
+/// Whether micro-batching changes the step: BatchNorm normalises per micro-batch, and a
+/// Dropout mask is drawn from the element's index within its micro-batch.
+fn depends_on_micro_batching(m: &Model) -> bool {
+    m.graph.nodes.iter().any(|n| n.op_type == "BatchNormalization" || n.op_type == "Dropout")
 }
 
 /// The first and a middle valid cut.
@@ -177,48 +185,67 @@ fn two_cuts(m: &Model) -> Vec<usize> {
 }
 
 fn check_model(file: &str) {
-    let m = model(file);
+    check(file, &model(file));
+}
+
+fn check(file: &str, m: &Model) {
+    let m = m.clone();
     let state = state_of(&m);
     let state_names: Vec<String> = {
         let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
         names(&unsplit, false).iter().filter_map(|o| o.strip_prefix("updated.").map(String::from)).collect()
     };
     let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
+    // The references do not depend on the cut: one unsplit step on a batch of 4, and
+    // local training on two micro-batches of 2, per engine.
+    let references: Vec<_> = engines()
+        .into_iter()
+        .map(|(engine, kind)| {
+            let mut given = state.clone();
+            given.extend(batch_of(&m, 0, 4));
+            let expected = run(&kind, &unsplit, &given);
+            let mut whole = state.clone();
+            absorb(&mut whole, &expected);
+            let loss = floats(&expected["loss"]);
+            let local = local_step(&kind, &m, &state, 2, 2);
+            (engine, kind, whole, loss, local)
+        })
+        .collect();
+    let mut worst: f64 = 0.0;
     for cut in two_cuts(&m) {
         for recompute in [false, true] {
             let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: false, recompute }).unwrap();
             let stash: Vec<String> =
                 names(&set.device_forward, false).into_iter().filter(|n| n.starts_with(STASH_PREFIX)).collect();
             assert_eq!(stash.is_empty(), recompute, "{file} cut {cut}: stash {stash:?}");
-            for (engine, kind) in engines() {
+            for (engine, kind, whole, whole_loss, (local, local_losses)) in &references {
                 let what = format!("{file} cut {cut} recompute {recompute} on {engine}");
                 // One micro-batch: the unsplit training step.
-                let mut given = state.clone();
-                given.extend(batch_of(&m, 0, 4));
-                let expected = run(&kind, &unsplit, &given);
-                let mut reference = state.clone();
-                absorb(&mut reference, &expected);
-                let (got, losses) = split_step(&kind, &set, &m, &state, 1, 4);
-                let (diff, norm) = distance(&losses, &floats(&expected["loss"]));
-                assert!(diff <= SAME_OPS * norm, "{what}: loss {losses:?}");
-                compare(&format!("{what}, M=1"), &got, &reference, &state_names);
+                let (got, losses) = split_step(kind, &set, &m, &state, 1, 4);
+                let (diff, norm) = distance(&losses, whole_loss);
+                assert!(diff <= SAME_OPS * norm, "{what}: loss {losses:?} vs {whole_loss:?}");
+                worst = worst.max(compare(&format!("{what}, M=1"), &got, whole, &state_names));
                 // Two micro-batches of 2, accumulated.
-                let (got, losses) = split_step(&kind, &set, &m, &state, 2, 2);
-                let (local, local_losses) = local_step(&kind, &m, &state, 2, 2);
-                let (diff, norm) = distance(&losses, &local_losses);
+                let (got, losses) = split_step(kind, &set, &m, &state, 2, 2);
+                let (diff, norm) = distance(&losses, local_losses);
                 assert!(diff <= SAME_OPS * norm, "{what}: losses {losses:?} vs {local_losses:?}");
-                compare(&format!("{what}, M=2 against local micro-batches"), &got, &local, &state_names);
-                if !has_batch_norm(&m) {
-                    // Without BatchNorm, micro-batching changes nothing: the unsplit step
-                    // on the whole batch of 4.
-                    compare(&format!("{what}, M=2 against the whole batch"), &got, &reference, &state_names);
+                worst =
+                    worst.max(compare(&format!("{what}, M=2 against local micro-batches"), &got, local, &state_names));
+                if !depends_on_micro_batching(&m) {
+                    // Without BatchNorm or Dropout, micro-batching changes nothing: the
+                    // unsplit step on the whole batch of 4.
+                    worst =
+                        worst.max(compare(&format!("{what}, M=2 against the whole batch"), &got, whole, &state_names));
                     let mean = losses.iter().sum::<f64>() / 2.0;
-                    let whole = floats(&expected["loss"])[0];
-                    assert!((mean - whole).abs() <= SAME_OPS * whole.abs(), "{what}: {mean} vs {whole}");
+                    assert!(
+                        (mean - whole_loss[0]).abs() <= SAME_OPS * whole_loss[0].abs(),
+                        "{what}: {mean} vs {whole_loss:?}"
+                    );
                 }
             }
         }
     }
+    eprintln!("{file}: largest relative difference {worst:.2e} (bound {SAME_OPS:.0e})");
 }
 
 macro_rules! split_tests {
@@ -332,4 +359,54 @@ fn the_manifest_places_every_state_tensor_and_counts_the_bytes_that_cross() {
     let state = std::fs::read(dir.path().join("split_state.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&state).unwrap();
     assert_eq!(tensors.len(), manifest.state.len());
+}
+
+/// x → MatMul → Dropout → Relu → MatMul → Dropout → Relu → MatMul → logits: Dropout on
+/// both sides of either cut.
+fn with_dropout() -> Model {
+    use edgefreeze_graph::ir::{Dim, Graph, Node, ValueInfo};
+    use edgefreeze_graph::{DataType, Tensor};
+    let mut graph = Graph {
+        name: "dropout_mlp".into(),
+        nodes: vec![
+            Node::new("fc1", "MatMul", &["x", "w1"], &["a1"]),
+            Node::new("drop1", "Dropout", &["a1"], &["d1"]),
+            Node::new("relu1", "Relu", &["d1"], &["h1"]),
+            Node::new("fc2", "MatMul", &["h1", "w2"], &["a2"]),
+            Node::new("drop2", "Dropout", &["a2"], &["d2"]),
+            Node::new("relu2", "Relu", &["d2"], &["h2"]),
+            Node::new("fc3", "MatMul", &["h2", "w3"], &["logits"]),
+        ],
+        inputs: vec![ValueInfo::new("x", DataType::Float32, vec![Dim::Symbol("N".into()), Dim::Fixed(6)])],
+        outputs: vec![ValueInfo { name: "logits".into(), dtype: None, shape: None, doc_string: String::new() }],
+        ..Default::default()
+    };
+    for (name, rows, cols) in [("w1", 6, 8), ("w2", 8, 8), ("w3", 8, 3)] {
+        let mut d = common::Draw::new(name);
+        let w: Vec<f32> = (0..rows * cols).map(|_| (d.next() - 0.5) as f32).collect();
+        graph.initializers.insert(name.into(), Tensor::from_f32(vec![rows, cols], &w).unwrap());
+    }
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
+    edgefreeze_graph::prepare(model).unwrap()
+}
+
+#[test]
+fn split_with_dropout_on_both_sides_draws_the_masks_of_the_whole_graph() {
+    let m = with_dropout();
+    let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
+    assert!(names(&unsplit, true).iter().any(|n| n == "dropout_seed"), "training-mode Dropout reads the seed");
+    for cut in two_cuts(&m) {
+        let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: false, recompute: true }).unwrap();
+        // Cut 0 leaves drop2 to the edge; cut 1 keeps both on the device.
+        let edge_has_dropout = cut == 0;
+        for (graph, reads) in [
+            (&set.device_forward, true),
+            (set.device_backward.as_ref().unwrap(), true),
+            (&set.edge_step, edge_has_dropout),
+        ] {
+            let has = names(graph, true).iter().any(|n| n == "dropout_seed");
+            assert_eq!(has, reads, "cut {cut}: {}", graph.graph.name);
+        }
+    }
+    check("dropout_mlp", &m);
 }

@@ -124,7 +124,8 @@ pub fn batch_of(model: &Model, first: usize, batch: usize) -> HashMap<String, Va
 }
 
 /// Feeds for every input of `graph`: from `given` by name, else zero optimizer state
-/// shaped like its parameter, else the scalars lr = 0.05, step = 1, grad_scale = 1.
+/// shaped like its parameter, else the scalars lr = 0.05, step = 1, grad_scale = 1,
+/// dropout_seed = 11.
 pub fn feeds(graph: &Model, given: &HashMap<String, Value>) -> HashMap<String, Value> {
     let mut out = HashMap::new();
     for input in &graph.graph.inputs {
@@ -139,6 +140,7 @@ pub fn feeds(graph: &Model, given: &HashMap<String, Value>) -> HashMap<String, V
                 "lr" => Value::scalar_f32(0.05),
                 "step" => Value::scalar_i64(1),
                 "grad_scale" => Value::scalar_f32(1.0),
+                "dropout_seed" => Value::scalar_i64(11),
                 other => panic!("{}: no feed for input {other:?}", graph.graph.name),
             }
         };
