@@ -179,14 +179,38 @@ fn the_same_training_step_file_agrees_on_every_engine() {
         if check_reference {
             engines.push(("onnx.reference", reference(graph, &feeds)));
         }
+        // A momentum buffer after one step is the raw gradient; where that cancels to
+        // ~0 (a bias before a training-mode BatchNorm: kws_m5's conv biases) its round-off
+        // is relative to the model's gradients, not to its own norm. So a momentum
+        // buffer also passes with every element within 16 float32 ulps of the largest
+        // momentum element, the gradient floor of tests/pytorch_golden.rs.
+        let is_momentum = |output: &str| output.starts_with("updated.momentum.");
+        let gradient_scale = ort
+            .iter()
+            .filter(|(output, _)| is_momentum(output))
+            .flat_map(|(_, v)| v.iter().map(|x| x.abs()))
+            .fold(0.0f64, f64::max);
+        let floor = 16.0 * f64::from(f32::EPSILON) * gradient_scale;
+        let mut worst = (0.0f64, String::new());
         for (engine, outputs) in &engines {
             for (output, expected) in &ort {
                 let (diff, norm) = distance(&outputs[output], expected);
+                let max_abs = outputs[output].iter().zip(expected).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                let used = if is_momentum(output) {
+                    (diff / (1e-4 * norm)).min(max_abs / floor)
+                } else {
+                    diff / (1e-4 * norm + 1e-6)
+                };
                 assert!(
-                    diff <= 1e-4 * norm + 1e-6,
-                    "{name}: {output} on {engine} differs from ONNX Runtime by {diff:.2e} (norm {norm:.2e})"
+                    used <= 1.0,
+                    "{name}: {output} on {engine} differs from ONNX Runtime by {diff:.2e} (norm {norm:.2e}, largest \
+                     element difference {max_abs:.2e}, floor {floor:.2e})"
                 );
+                if used > worst.0 {
+                    worst = (used, format!("{output} on {engine}"));
+                }
             }
         }
+        eprintln!("{name}: worst difference from ONNX Runtime at {:.3} of the tolerance ({})", worst.0, worst.1);
     }
 }
