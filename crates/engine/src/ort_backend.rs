@@ -109,54 +109,86 @@ fn register_provider(
     provider: Provider,
     library: &Path,
 ) -> Result<ort::session::builder::SessionBuilder, EngineError> {
-    let unavailable = |name: &str, hint: &str| EngineError::ProviderUnavailable {
-        provider: name.into(),
-        library: library.display().to_string(),
-        hint: hint.into(),
-    };
+    if let Some(missing) = unavailable(provider, library) {
+        return Err(missing);
+    }
     match provider {
         Provider::Cpu => Ok(builder),
         #[cfg(feature = "cuda")]
-        Provider::Cuda => with_provider(
-            builder,
-            ort::ep::CUDA::default(),
-            unavailable("CUDA", "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels"),
-        ),
+        Provider::Cuda => with_provider(builder, ort::ep::CUDA::default()),
         #[cfg(feature = "xnnpack")]
-        Provider::Xnnpack => with_provider(
-            builder,
-            ort::ep::XNNPACK::default(),
-            unavailable("XNNPACK", "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)"),
-        ),
+        Provider::Xnnpack => with_provider(builder, ort::ep::XNNPACK::default()),
         #[allow(unreachable_patterns)] // reachable when a provider's cargo feature is off
-        other => {
-            let (name, feature) = match other {
-                Provider::Cuda => ("CUDA", "cuda"),
-                _ => ("XNNPACK", "xnnpack"),
-            };
-            Err(unavailable(
-                name,
-                &format!(
-                    "this edgefreeze was built without the `{feature}` cargo feature; rebuild with --features {feature}"
-                ),
-            ))
-        }
+        other => Err(without_feature(other, library)),
     }
 }
 
-/// Registers a provider, failing (never falling back to CPU) when the loaded library lacks it.
+/// Checks, without building a session, that the ONNX Runtime library loads and has
+/// `provider`: what [`OrtWorkspace::new`] and a trainer's pre-flight checks ask.
+pub fn check_provider(provider: Provider, options: &EngineOptions) -> Result<(), EngineError> {
+    let (library, _) = init(options.ort_library.as_deref())?;
+    unavailable(provider, library).map_or(Ok(()), Err)
+}
+
+/// Why the loaded library cannot run `provider`, if it cannot (never a fall back to CPU).
+fn unavailable(provider: Provider, library: &Path) -> Option<EngineError> {
+    match provider {
+        Provider::Cpu => None,
+        #[cfg(feature = "cuda")]
+        Provider::Cuda => (!is_available::<ort::ep::CUDA>()).then(|| {
+            missing(provider, library, "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels")
+        }),
+        #[cfg(feature = "xnnpack")]
+        Provider::Xnnpack => (!is_available::<ort::ep::XNNPACK>()).then(|| {
+            missing(provider, library, "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)")
+        }),
+        #[allow(unreachable_patterns)] // reachable when a provider's cargo feature is off
+        other => Some(without_feature(other, library)),
+    }
+}
+
+fn missing(provider: Provider, library: &Path, hint: &str) -> EngineError {
+    let name = match provider {
+        Provider::Cpu => "CPU",
+        Provider::Cuda => "CUDA",
+        Provider::Xnnpack => "XNNPACK",
+    };
+    EngineError::ProviderUnavailable {
+        provider: name.into(),
+        library: library.display().to_string(),
+        hint: hint.into(),
+    }
+}
+
+/// The error for a provider whose cargo feature this build lacks.
+fn without_feature(provider: Provider, library: &Path) -> EngineError {
+    let feature = match provider {
+        Provider::Cpu => "", // always built in; never asked for here
+        Provider::Cuda => "cuda",
+        Provider::Xnnpack => "xnnpack",
+    };
+    missing(
+        provider,
+        library,
+        &format!("this edgefreeze was built without the `{feature}` cargo feature; rebuild with --features {feature}"),
+    )
+}
+
+#[cfg(any(feature = "cuda", feature = "xnnpack"))]
+fn is_available<E: ort::ep::ExecutionProvider>() -> bool {
+    E::is_available().unwrap_or(false)
+}
+
+/// Registers a provider that [`unavailable`] found in the library; a failure to register
+/// it is an error, never a silent fall back to CPU.
 #[cfg(any(feature = "cuda", feature = "xnnpack"))]
 fn with_provider<E>(
     builder: ort::session::builder::SessionBuilder,
     provider: E,
-    unavailable: EngineError,
 ) -> Result<ort::session::builder::SessionBuilder, EngineError>
 where
     E: ort::ep::ExecutionProvider + Into<ort::ep::ExecutionProviderDispatch>,
 {
-    if !E::is_available().unwrap_or(false) {
-        return Err(unavailable);
-    }
     let dispatch: ort::ep::ExecutionProviderDispatch = provider.into();
     builder.with_execution_providers([dispatch.error_on_failure()]).map_err(ort_err)
 }
@@ -246,7 +278,7 @@ pub struct OrtWorkspace {
 impl OrtWorkspace {
     /// An empty workspace on one provider; checks the library and the provider now.
     pub fn new(provider: Provider, options: &EngineOptions) -> Result<OrtWorkspace, EngineError> {
-        init(options.ort_library.as_deref())?;
+        check_provider(provider, options)?;
         Ok(OrtWorkspace { provider, options: options.clone(), graphs: Vec::new(), store: HashMap::new() })
     }
 

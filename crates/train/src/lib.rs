@@ -22,6 +22,6 @@ pub mod tensors;
 mod trainer;
 
 pub use error::{Result, TrainError};
-pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
+pub use run::{ModelSource, NewRun, Recipe, RunFolder, RunSpec, create_run, open_run, prepare_run};
 pub use schedule::{Decay, Schedule};
-pub use trainer::{TrainOptions, TrainSummary, Trainer, subset};
+pub use trainer::{Checked, TrainOptions, TrainSummary, Trainer, preflight, subset};
