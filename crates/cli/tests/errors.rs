@@ -33,11 +33,39 @@ fn each_cause_is_printed_once_outermost_first() {
 
     // A new run whose model is missing: where nothing was written, then the cause.
     write_idx(&cwd.join("digits"), 16, 16);
+    let mlp = model("mlp.onnx");
+    let mlp = mlp.to_str().unwrap();
     fails_with(
         &edgefreeze_in(cwd, &["train", "--model", "nope.onnx", "--data", "idx:digits", "--out", "run", "--quiet"]),
         &format!("nothing written to run: cannot read nope.onnx: {os}"),
     );
     assert!(!cwd.join("run").exists());
+
+    // An ONNX Runtime library that is not there: said once, not once per layer it passed.
+    let out = edgefreeze_in(
+        cwd,
+        &[
+            "train",
+            "--model",
+            mlp,
+            "--data",
+            "idx:digits",
+            "--engine",
+            "ort:cpu",
+            "--ort-lib",
+            "/nope",
+            "--out",
+            "run",
+            "--quiet",
+        ],
+    );
+    fails_with(
+        &out,
+        &format!(
+            "nothing written to run: ONNX Runtime library: /nope (from --ort-lib) is not a file; {}",
+            edgefreeze_engine::ort_backend::INSTALL_HINT
+        ),
+    );
 
     // A run folder that is not a run.
     std::fs::create_dir(cwd.join("empty")).unwrap();
@@ -54,6 +82,7 @@ fn each_cause_is_printed_once_outermost_first() {
 
     // Every cause once in an error from deep inside: an unreadable external data file.
     let external = model("mlp_external.onnx");
+    assert!(external.with_extension("onnx.data").is_file());
     let copy = cwd.join("external.onnx");
     std::fs::copy(&external, &copy).unwrap();
     let out = edgefreeze_in(cwd, &["inspect", "external.onnx"]);

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 pub const INSTALL_HINT: &str = "install it with `python3 -m pip install onnxruntime==1.31.1` (or onnxruntime-gpu for CUDA) \
 and point ORT_DYLIB_PATH or --ort-lib at site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1";
 
-static LOADED: OnceLock<Result<(PathBuf, ort::environment::Environment), String>> = OnceLock::new();
+static LOADED: OnceLock<Result<(PathBuf, ort::environment::Environment), EngineError>> = OnceLock::new();
 
 /// Finds the ONNX Runtime library: an explicit path, else `ORT_DYLIB_PATH`, else the
 /// `onnxruntime` (or `onnxruntime-gpu`) Python package's copy.
@@ -54,15 +54,18 @@ fn existing(path: PathBuf, source: &str) -> Result<PathBuf, EngineError> {
 /// and its environment.
 pub fn init(explicit: Option<&Path>) -> Result<(&'static Path, &'static ort::environment::Environment), EngineError> {
     let result = LOADED.get_or_init(|| {
-        let path = find_library(explicit).map_err(|e| e.to_string())?;
-        let builder =
-            ort::init_from(&path).map_err(|e| format!("cannot load {}: {e}; {INSTALL_HINT}", path.display()))?;
-        let env = builder.with_name("edgefreeze").build().map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
+        let path = find_library(explicit)?;
+        let builder = ort::init_from(&path)
+            .map_err(|e| EngineError::OrtLibrary(format!("cannot load {}: {e}; {INSTALL_HINT}", path.display())))?;
+        let env = builder
+            .with_name("edgefreeze")
+            .build()
+            .map_err(|e| EngineError::OrtLibrary(format!("cannot start ONNX Runtime: {e}")))?;
         Ok((path, env))
     });
     match result {
         Ok((path, env)) => Ok((path.as_path(), env)),
-        Err(e) => Err(EngineError::OrtLibrary(e.clone())),
+        Err(e) => Err(e.clone()),
     }
 }
 
