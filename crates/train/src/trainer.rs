@@ -105,8 +105,9 @@ impl Trainer {
         let manifest = read_manifest(&graphs)?;
         let input = data_input(&manifest)?;
         let data = match data {
-            Some(data) => data,
-            None => open_data(
+            // The dataset a pre-flight check opened for this very run.
+            Some(data) if data.name == spec.data => data,
+            _ => open_data(
                 &spec.data,
                 || Ok(edgefreeze_graph::load_model(graphs.join(files::FORWARD))?),
                 &manifest,
