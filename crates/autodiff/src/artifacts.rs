@@ -370,8 +370,8 @@ pub fn state_to_safetensors(state: &[(String, Tensor)]) -> Result<Vec<u8>> {
 impl Artifacts {
     /// Writes every file into `dir` (created if missing), each atomically.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).map_err(|source| {
-            AutodiffError::Graph(edgefreeze_graph::GraphError::Io { action: "create", path: dir.into(), source })
+        std::fs::create_dir_all(dir).map_err(|error| {
+            AutodiffError::Graph(edgefreeze_graph::GraphError::Io { action: "create", path: dir.into(), error })
         })?;
         let options = SaveOptions::default();
         save_model(&self.forward, dir.join(files::FORWARD), &options)?;

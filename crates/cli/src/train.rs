@@ -3,9 +3,18 @@
 use anyhow::{Context, Result, bail};
 use edgefreeze_engine::{EngineKind, EngineOptions};
 use edgefreeze_freeze::Knobs;
-use edgefreeze_freeze::egeria::{CacheSettings, FreezePlan, FreezeSettings, Freezer, check_writable, parse_schedule};
-use edgefreeze_train::{ModelSource, Recipe, Schedule, TrainOptions, Trainer, create_run};
+use edgefreeze_freeze::egeria::{
+    CacheSettings, FreezePlan, FreezeSettings, Freezer, check_writable as check_cache_writable, parse_schedule,
+};
+use edgefreeze_train::control::Fixed;
+use edgefreeze_train::run::{
+    check_writable, claim_numbered, free_run_folder, latest_run, next_numbered, resolve_run, runs_parent,
+};
+use edgefreeze_train::{Controller, ModelSource, Recipe, RunFolder, Schedule, TrainOptions, Trainer, preflight, prepare_run};
 use std::path::{Path, PathBuf};
+
+/// Where new runs go without `--out`, and where `--resume` without a folder looks.
+const RUNS_ROOT: &str = "runs";
 
 /// Arguments of `edgefreeze train`.
 #[derive(Debug, clap::Args)]
@@ -16,10 +25,11 @@ pub struct TrainArgs {
     /// Dataset: fashion-mnist, mnist, spam-assassin, cifar10:<dir> or idx:<dir>.
     #[arg(long, required_unless_present = "resume")]
     pub data: Option<String>,
-    /// Continue the run in this folder from its last checkpoint, with its own recipe.
-    #[arg(long, conflicts_with_all = ["model", "data"])]
-    pub resume: Option<PathBuf>,
-    /// Run folder (default: runs/<model>-<data>).
+    /// Continue a run from its last checkpoint, with its own recipe: this folder, the
+    /// latest run in it (runs/<model>-<data>), or without a folder the latest run in runs/.
+    #[arg(long, value_name = "RUN", num_args = 0..=1, conflicts_with_all = ["model", "data", "out"])]
+    pub resume: Option<Option<PathBuf>>,
+    /// Run folder (default: a new numbered folder runs/<model>-<data>/NNNN).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Epochs.
@@ -130,12 +140,6 @@ pub fn engine_settings(
     Ok((kind, EngineOptions { threads, ort_library: ort_lib }))
 }
 
-fn default_out(model: &Path, data: &str) -> PathBuf {
-    let stem = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
-    let data: String = data.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    PathBuf::from("runs").join(format!("{stem}-{data}"))
-}
-
 /// What `--freeze` asks for.
 enum FreezeArg {
     /// The first N layers for the whole run (converted that way).
@@ -217,59 +221,6 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
 /// Runs `train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
     let (engine, engine_options) = engine_settings(&args.engine, args.threads, args.ort_lib.clone())?;
-    let freeze = parse_freeze(&args.freeze)?;
-    let dir = match (&args.resume, &args.model, &args.data) {
-        (Some(dir), _, _) => dir.clone(),
-        (None, Some(model), Some(data)) => {
-            let fixed = match freeze {
-                FreezeArg::Fixed(n) => n,
-                FreezeArg::Controlled(_) => 0,
-            };
-            let source = ModelSource::from_path(model, &args.loss, &args.optimizer, fixed);
-            let lr = match args.lr {
-                Some(lr) => lr,
-                None => source.default_learning_rate()?,
-            };
-            let recipe = Recipe {
-                epochs: args.epochs,
-                batch: args.batch,
-                schedule: Schedule::parse(&args.schedule, lr, args.warmup).context("--schedule")?,
-                seed: args.seed,
-                augment: args.augment.clone(),
-                train_limit: args.limit,
-                test_limit: args.test_limit,
-                log_every: args.log_every,
-            };
-            recipe.augmentation().context("--augment")?;
-            if args.batch == 0 || args.epochs == 0 {
-                bail!("--batch and --epochs must be at least 1");
-            }
-            let dir = args.out.clone().unwrap_or_else(|| default_out(model, data));
-            // Freezing settings are checked before the run folder is made, so a refused
-            // flag leaves nothing behind.
-            let settings = match &freeze {
-                FreezeArg::Fixed(_) => None,
-                FreezeArg::Controlled(schedule) => {
-                    let settings = freeze_settings(args, schedule.as_deref(), layers_of(model)?)?;
-                    if settings.cache.enabled && args.augment.is_none() {
-                        check_writable(&settings.cache.dir.clone().unwrap_or_else(|| dir.join("cache")))
-                            .context("--cache-dir")?;
-                    }
-                    Some(settings)
-                }
-            };
-            if !args.quiet {
-                eprintln!("converting {} into {}", model.display(), dir.display());
-            }
-            create_run(&dir, &source, data, &recipe)
-                .with_context(|| format!("creating the run in {}", dir.display()))?;
-            if let Some(settings) = settings {
-                settings.write(&dir)?;
-            }
-            dir
-        }
-        _ => bail!("give --model and --data, or --resume RUN_DIR"),
-    };
     let options = TrainOptions {
         engine: engine.clone(),
         engine_options,
@@ -277,17 +228,28 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         progress: !args.quiet,
         ..TrainOptions::default()
     };
-    let controller: Box<dyn edgefreeze_train::Controller> = match FreezeSettings::read(&dir)? {
-        Some(settings) => {
-            if args.resume.is_some() && args.freeze != "0" {
-                bail!("--freeze is part of the run's recipe: a resumed run keeps its own");
-            }
-            Box::new(Freezer::new(&dir, settings, engine.clone())?)
+    let (dir, mut trainer) = match (&args.resume, &args.model, &args.data) {
+        (Some(resume), _, _) => {
+            let dir = match resume {
+                Some(path) => resolve_run(path)?,
+                None => latest_run(Path::new(RUNS_ROOT))?,
+            };
+            let controller: Box<dyn Controller> = match FreezeSettings::read(&dir)? {
+                Some(settings) => {
+                    if args.freeze != "0" {
+                        bail!("--freeze is part of the run's recipe: a resumed run keeps its own");
+                    }
+                    Box::new(Freezer::new(&dir, settings, engine.clone())?)
+                }
+                None => Box::new(Fixed),
+            };
+            let trainer = Trainer::open_with(&dir, options, controller)
+                .with_context(|| format!("opening the run in {}", dir.display()))?;
+            (dir, trainer)
         }
-        None => Box::new(edgefreeze_train::control::Fixed),
+        (None, Some(model), Some(data)) => start(args, model, data, options)?,
+        _ => bail!("give --model and --data, or --resume [RUN_DIR]"),
     };
-    let mut trainer = Trainer::open_with(&dir, options, controller)
-        .with_context(|| format!("opening the run in {}", dir.display()))?;
     let spec = trainer.spec().clone();
     if !args.quiet {
         eprintln!(
@@ -325,4 +287,97 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         None => println!("nothing to do: {} epochs already done", summary.epochs),
     }
     Ok(())
+}
+
+/// Starts a new run: checks everything that can be checked (folder free and writable,
+/// model converts, engine and provider available, data there and fitting the model)
+/// before writing anything, so a failed start leaves nothing that blocks the retry.
+fn start(args: &TrainArgs, model: &Path, data: &str, options: TrainOptions) -> Result<(PathBuf, Trainer)> {
+    let freeze = parse_freeze(&args.freeze)?;
+    let fixed = match freeze {
+        FreezeArg::Fixed(n) => n,
+        FreezeArg::Controlled(_) => 0,
+    };
+    let source = ModelSource::from_path(model, &args.loss, &args.optimizer, fixed);
+    let lr = match args.lr {
+        Some(lr) => lr,
+        None => source.default_learning_rate()?,
+    };
+    let recipe = Recipe {
+        epochs: args.epochs,
+        batch: args.batch,
+        schedule: Schedule::parse(&args.schedule, lr, args.warmup).context("--schedule")?,
+        seed: args.seed,
+        augment: args.augment.clone(),
+        train_limit: args.limit,
+        test_limit: args.test_limit,
+        log_every: args.log_every,
+    };
+    recipe.augmentation().context("--augment")?;
+    if args.batch == 0 || args.epochs == 0 {
+        bail!("--batch and --epochs must be at least 1");
+    }
+    // Freezing settings are checked before anything is written, so a refused flag
+    // leaves nothing behind.
+    let settings = match &freeze {
+        FreezeArg::Fixed(_) => None,
+        FreezeArg::Controlled(schedule) => Some(freeze_settings(args, schedule.as_deref(), layers_of(model)?)?),
+    };
+    let numbered = args.out.is_none();
+    let dir = match &args.out {
+        Some(out) => out.clone(),
+        None => next_numbered(&runs_parent(Path::new(RUNS_ROOT), model, data))?,
+    };
+    let nothing_written = || format!("nothing written to {}", dir.display());
+    check_writable(&dir).with_context(nothing_written)?;
+    if free_run_folder(&dir)? == RunFolder::Unstarted && !args.quiet {
+        eprintln!(
+            "{} holds a run that never wrote a checkpoint (its start failed): a new run replaces it",
+            dir.display()
+        );
+    }
+    if !args.quiet {
+        eprintln!("new run in {}: converting {}", dir.display(), model.display());
+    }
+    // The engine first: cheap, and no reason to wait for the conversion (preflight
+    // checks it again, for library callers).
+    edgefreeze_engine::check_available(&options.engine, &options.engine_options).with_context(nothing_written)?;
+    let new_run = prepare_run(&source, data, &recipe).with_context(nothing_written)?;
+    let checked = preflight(&new_run, &options).with_context(nothing_written)?;
+    let existed = dir.exists();
+    let dir = if numbered {
+        let claimed = claim_numbered(&dir)?;
+        if claimed != dir && !args.quiet {
+            eprintln!("{} was taken by another run meanwhile: this run is in {}", dir.display(), claimed.display());
+        }
+        claimed
+    } else {
+        dir
+    };
+    new_run.write(&dir).with_context(|| format!("writing the run into {}", dir.display()))?;
+    let started = (|| -> Result<Trainer> {
+        let controller: Box<dyn Controller> = match settings {
+            Some(settings) => {
+                if settings.cache.enabled && args.augment.is_none() {
+                    check_cache_writable(&settings.cache.dir.clone().unwrap_or_else(|| dir.join("cache")))
+                        .context("--cache-dir")?;
+                }
+                settings.write(&dir)?;
+                Box::new(Freezer::new(&dir, settings, options.engine.clone())?)
+            }
+            None => Box::new(Fixed),
+        };
+        Ok(Trainer::start(&dir, options, checked, controller)?)
+    })();
+    match started {
+        Ok(trainer) => Ok((dir, trainer)),
+        Err(e) => {
+            // What the checks could not foresee (an engine refusing a graph) must not
+            // leave a folder this command made either.
+            if !existed || numbered {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            Err(e).with_context(|| format!("starting the run in {}", dir.display()))
+        }
+    }
 }

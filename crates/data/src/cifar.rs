@@ -10,7 +10,7 @@ const RECORD: usize = 1 + 3 * SIDE * SIDE;
 pub fn read_cifar10(files: &[&Path]) -> Result<ImageDataset, DataError> {
     let mut ds = ImageDataset { channels: 3, height: SIDE, width: SIDE, pixels: Vec::new(), labels: Vec::new() };
     for path in files {
-        let bytes = std::fs::read(path).map_err(|source| DataError::Io { path: (*path).into(), source })?;
+        let bytes = std::fs::read(path).map_err(|error| DataError::Io { path: (*path).into(), error })?;
         if bytes.is_empty() || bytes.len() % RECORD != 0 {
             return Err(DataError::Format {
                 path: (*path).into(),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Reads an IDX file of unsigned bytes: returns its dimensions and data.
 pub fn read_idx(path: &Path) -> Result<(Vec<usize>, Vec<u8>), DataError> {
-    let raw = std::fs::read(path).map_err(|source| DataError::Io { path: path.into(), source })?;
+    let raw = std::fs::read(path).map_err(|error| DataError::Io { path: path.into(), error })?;
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(raw.as_slice())

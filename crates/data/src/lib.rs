@@ -28,15 +28,18 @@ pub use text::{PAD, TextDataset, UNK, Vocabulary, tokenize};
 use std::path::PathBuf;
 
 /// Errors reading datasets; each names the file.
+///
+/// Each message is complete, its operating-system cause included, which is therefore not
+/// also returned by `source()`: `anyhow`'s `{:#}` would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file cannot be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The operating-system error.
-        source: std::io::Error,
+        /// The operating-system error (in the message, so not a `source()`).
+        error: std::io::Error,
     },
     /// The file is not in the expected format.
     #[error("{}: {message}", path.display())]
@@ -67,7 +70,7 @@ pub enum DataError {
     Invalid(String),
     /// The loader thread cannot be started.
     #[error("cannot start the loader thread: {0}")]
-    Spawn(#[source] std::io::Error),
+    Spawn(std::io::Error),
 }
 
 /// Images with integer labels, stored as u8 pixels in `[channels, height, width]` order.

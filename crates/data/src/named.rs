@@ -162,7 +162,7 @@ pub fn npm_package(package: &str, prefix: Option<&Path>) -> Result<PathBuf, Data
         let dir = prefix.join("node_modules").join(package);
         return if dir.is_dir() { Ok(dir) } else { Err(missing(dir)) };
     }
-    let cwd = std::env::current_dir().map_err(|source| DataError::Io { path: ".".into(), source })?;
+    let cwd = std::env::current_dir().map_err(|error| DataError::Io { path: ".".into(), error })?;
     cwd.ancestors()
         .map(|dir| dir.join(".data").join("node_modules").join(package))
         .find(|dir| dir.is_dir())

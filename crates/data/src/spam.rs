@@ -29,7 +29,7 @@ pub struct Email {
 pub fn read_spam_assassin(package_dir: &Path) -> Result<Vec<Email>, DataError> {
     let data = package_dir.join("data");
     let list_path = data.join("file_list.json");
-    let list = std::fs::read(&list_path).map_err(|source| DataError::Io { path: list_path.clone(), source })?;
+    let list = std::fs::read(&list_path).map_err(|error| DataError::Io { path: list_path.clone(), error })?;
     let fail = |message: String| DataError::Format { path: list_path.clone(), message };
     let mut paths: Vec<String> =
         serde_json::from_slice(&list).map_err(|e| fail(format!("not a JSON list of file names: {e}")))?;
@@ -48,7 +48,7 @@ pub fn read_spam_assassin(package_dir: &Path) -> Result<Vec<Email>, DataError> {
             return Err(fail(format!("{path:?} is in neither a ham nor a spam folder")));
         };
         let file: PathBuf = data.join(&path);
-        let raw = std::fs::read(&file).map_err(|source| DataError::Io { path: file, source })?;
+        let raw = std::fs::read(&file).map_err(|error| DataError::Io { path: file, error })?;
         emails.push(Email { path, label, raw });
     }
     Ok(emails)

@@ -1,7 +1,11 @@
 //! Typed errors of the engine crate.
 
 /// What can go wrong when loading or running a graph.
-#[derive(Debug, thiserror::Error)]
+///
+/// Every variant carries its cause as text in its message and returns no `source()`, so
+/// `{:#}` prints each cause once. `Clone`, because a failure to load the ONNX Runtime
+/// library is kept and given again to every later caller.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     /// Bad settings (an unknown engine name, a missing input...).
     #[error("{0}")]

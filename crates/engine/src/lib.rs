@@ -96,6 +96,16 @@ pub fn load(kind: &EngineKind, model: &[u8], options: &EngineOptions) -> Result<
     }
 }
 
+/// Checks, without loading a graph, that an engine can run here: tract always can; ONNX
+/// Runtime needs its library to load and to have the provider. Cheap enough for a
+/// pre-flight check before anything is written.
+pub fn check_available(kind: &EngineKind, options: &EngineOptions) -> Result<(), EngineError> {
+    match kind {
+        EngineKind::Tract => Ok(()),
+        EngineKind::Ort(provider) => ort_backend::check_provider(*provider, options),
+    }
+}
+
 /// The machine's cores (the default thread count).
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 pub const INSTALL_HINT: &str = "install it with `python3 -m pip install onnxruntime==1.31.1` (or onnxruntime-gpu for CUDA) \
 and point ORT_DYLIB_PATH or --ort-lib at site-packages/onnxruntime/capi/libonnxruntime.so.1.31.1";
 
-static LOADED: OnceLock<Result<(PathBuf, ort::environment::Environment), String>> = OnceLock::new();
+static LOADED: OnceLock<Result<(PathBuf, ort::environment::Environment), EngineError>> = OnceLock::new();
 
 /// Finds the ONNX Runtime library: an explicit path, else `ORT_DYLIB_PATH`, else the
 /// `onnxruntime` (or `onnxruntime-gpu`) Python package's copy.
@@ -54,15 +54,18 @@ fn existing(path: PathBuf, source: &str) -> Result<PathBuf, EngineError> {
 /// and its environment.
 pub fn init(explicit: Option<&Path>) -> Result<(&'static Path, &'static ort::environment::Environment), EngineError> {
     let result = LOADED.get_or_init(|| {
-        let path = find_library(explicit).map_err(|e| e.to_string())?;
-        let builder =
-            ort::init_from(&path).map_err(|e| format!("cannot load {}: {e}; {INSTALL_HINT}", path.display()))?;
-        let env = builder.with_name("edgefreeze").build().map_err(|e| format!("cannot start ONNX Runtime: {e}"))?;
+        let path = find_library(explicit)?;
+        let builder = ort::init_from(&path)
+            .map_err(|e| EngineError::OrtLibrary(format!("cannot load {}: {e}; {INSTALL_HINT}", path.display())))?;
+        let env = builder
+            .with_name("edgefreeze")
+            .build()
+            .map_err(|e| EngineError::OrtLibrary(format!("cannot start ONNX Runtime: {e}")))?;
         Ok((path, env))
     });
     match result {
         Ok((path, env)) => Ok((path.as_path(), env)),
-        Err(e) => Err(EngineError::OrtLibrary(e.clone())),
+        Err(e) => Err(e.clone()),
     }
 }
 
@@ -109,54 +112,86 @@ fn register_provider(
     provider: Provider,
     library: &Path,
 ) -> Result<ort::session::builder::SessionBuilder, EngineError> {
-    let unavailable = |name: &str, hint: &str| EngineError::ProviderUnavailable {
-        provider: name.into(),
-        library: library.display().to_string(),
-        hint: hint.into(),
-    };
+    if let Some(missing) = unavailable(provider, library) {
+        return Err(missing);
+    }
     match provider {
         Provider::Cpu => Ok(builder),
         #[cfg(feature = "cuda")]
-        Provider::Cuda => with_provider(
-            builder,
-            ort::ep::CUDA::default(),
-            unavailable("CUDA", "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels"),
-        ),
+        Provider::Cuda => with_provider(builder, ort::ep::CUDA::default()),
         #[cfg(feature = "xnnpack")]
-        Provider::Xnnpack => with_provider(
-            builder,
-            ort::ep::XNNPACK::default(),
-            unavailable("XNNPACK", "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)"),
-        ),
+        Provider::Xnnpack => with_provider(builder, ort::ep::XNNPACK::default()),
         #[allow(unreachable_patterns)] // reachable when a provider's cargo feature is off
-        other => {
-            let (name, feature) = match other {
-                Provider::Cuda => ("CUDA", "cuda"),
-                _ => ("XNNPACK", "xnnpack"),
-            };
-            Err(unavailable(
-                name,
-                &format!(
-                    "this edgefreeze was built without the `{feature}` cargo feature; rebuild with --features {feature}"
-                ),
-            ))
-        }
+        other => Err(without_feature(other, library)),
     }
 }
 
-/// Registers a provider, failing (never falling back to CPU) when the loaded library lacks it.
+/// Checks, without building a session, that the ONNX Runtime library loads and has
+/// `provider`: what [`OrtWorkspace::new`] and a trainer's pre-flight checks ask.
+pub fn check_provider(provider: Provider, options: &EngineOptions) -> Result<(), EngineError> {
+    let (library, _) = init(options.ort_library.as_deref())?;
+    unavailable(provider, library).map_or(Ok(()), Err)
+}
+
+/// Why the loaded library cannot run `provider`, if it cannot (never a fall back to CPU).
+fn unavailable(provider: Provider, library: &Path) -> Option<EngineError> {
+    match provider {
+        Provider::Cpu => None,
+        #[cfg(feature = "cuda")]
+        Provider::Cuda => (!is_available::<ort::ep::CUDA>()).then(|| {
+            missing(provider, library, "use the onnxruntime-gpu wheel's library and its nvidia-* CUDA wheels")
+        }),
+        #[cfg(feature = "xnnpack")]
+        Provider::Xnnpack => (!is_available::<ort::ep::XNNPACK>()).then(|| {
+            missing(provider, library, "use an ONNX Runtime build with XNNPACK (e.g. the Android/iOS packages)")
+        }),
+        #[allow(unreachable_patterns)] // reachable when a provider's cargo feature is off
+        other => Some(without_feature(other, library)),
+    }
+}
+
+fn missing(provider: Provider, library: &Path, hint: &str) -> EngineError {
+    let name = match provider {
+        Provider::Cpu => "CPU",
+        Provider::Cuda => "CUDA",
+        Provider::Xnnpack => "XNNPACK",
+    };
+    EngineError::ProviderUnavailable {
+        provider: name.into(),
+        library: library.display().to_string(),
+        hint: hint.into(),
+    }
+}
+
+/// The error for a provider whose cargo feature this build lacks.
+fn without_feature(provider: Provider, library: &Path) -> EngineError {
+    let feature = match provider {
+        Provider::Cpu => "", // always built in; never asked for here
+        Provider::Cuda => "cuda",
+        Provider::Xnnpack => "xnnpack",
+    };
+    missing(
+        provider,
+        library,
+        &format!("this edgefreeze was built without the `{feature}` cargo feature; rebuild with --features {feature}"),
+    )
+}
+
+#[cfg(any(feature = "cuda", feature = "xnnpack"))]
+fn is_available<E: ort::ep::ExecutionProvider>() -> bool {
+    E::is_available().unwrap_or(false)
+}
+
+/// Registers a provider that [`unavailable`] found in the library; a failure to register
+/// it is an error, never a silent fall back to CPU.
 #[cfg(any(feature = "cuda", feature = "xnnpack"))]
 fn with_provider<E>(
     builder: ort::session::builder::SessionBuilder,
     provider: E,
-    unavailable: EngineError,
 ) -> Result<ort::session::builder::SessionBuilder, EngineError>
 where
     E: ort::ep::ExecutionProvider + Into<ort::ep::ExecutionProviderDispatch>,
 {
-    if !E::is_available().unwrap_or(false) {
-        return Err(unavailable);
-    }
     let dispatch: ort::ep::ExecutionProviderDispatch = provider.into();
     builder.with_execution_providers([dispatch.error_on_failure()]).map_err(ort_err)
 }
@@ -246,7 +281,7 @@ pub struct OrtWorkspace {
 impl OrtWorkspace {
     /// An empty workspace on one provider; checks the library and the provider now.
     pub fn new(provider: Provider, options: &EngineOptions) -> Result<OrtWorkspace, EngineError> {
-        init(options.ort_library.as_deref())?;
+        check_provider(provider, options)?;
         Ok(OrtWorkspace { provider, options: options.clone(), graphs: Vec::new(), store: HashMap::new() })
     }
 

@@ -31,8 +31,18 @@ fn cpu_runs_and_missing_providers_are_errors() {
         let out = s.run(&[("x", &x)]).unwrap();
         assert_eq!(out[0].as_f32().unwrap().as_slice().unwrap(), &[0.0, 0.5, 2.0], "{kind}");
     }
-    // The CPU-only onnxruntime wheel has neither CUDA nor XNNPACK.
+    for kind in [EngineKind::Tract, EngineKind::Ort(Provider::Cpu)] {
+        edgefreeze_engine::check_available(&kind, &EngineOptions::default()).unwrap();
+        edgefreeze_engine::workspace(&kind, &EngineOptions::default()).unwrap();
+    }
+    // The CPU-only onnxruntime wheel has neither CUDA nor XNNPACK: the pre-flight check and
+    // a new workspace say so before any graph is loaded.
     for (provider, name) in [(Provider::Cuda, "CUDA"), (Provider::Xnnpack, "XNNPACK")] {
+        let kind = EngineKind::Ort(provider);
+        let checked = edgefreeze_engine::check_available(&kind, &EngineOptions::default());
+        assert!(matches!(checked, Err(EngineError::ProviderUnavailable { .. })), "{name}: {checked:?}");
+        let workspace = edgefreeze_engine::workspace(&kind, &EngineOptions::default());
+        assert!(matches!(workspace, Err(EngineError::ProviderUnavailable { .. })), "{name}: not refused");
         match edgefreeze_engine::load(&EngineKind::Ort(provider), &bytes, &EngineOptions::default()) {
             Err(e @ EngineError::ProviderUnavailable { .. }) => {
                 assert!(e.to_string().contains(name), "{e}");

@@ -5,6 +5,11 @@ use std::path::PathBuf;
 /// Everything that can go wrong while loading, checking, rewriting or saving a graph.
 ///
 /// Every variant names what it is about: the file, the node, the tensor or the field.
+///
+/// Each message is complete: it ends with the underlying cause (an operating-system or
+/// protobuf error, or the wrapped error of [`GraphError::InFile`]), which is therefore
+/// never also returned by `source()`; `anyhow`'s `{:#}` prints every message of the
+/// `source()` chain, and would print such a cause twice.
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
     /// An error that happened while working on a file; `error` says what went wrong in it.
@@ -16,18 +21,18 @@ pub enum GraphError {
         error: Box<GraphError>,
     },
     /// Reading or writing a file failed.
-    #[error("cannot {action} {}: {source}", path.display())]
+    #[error("cannot {action} {}: {error}", path.display())]
     Io {
         /// What was being done ("read", "write", "rename"...).
         action: &'static str,
         /// The file.
         path: PathBuf,
-        /// The operating-system error.
-        source: std::io::Error,
+        /// The operating-system error (in the message, so not a `source()`).
+        error: std::io::Error,
     },
     /// The bytes are not an ONNX `ModelProto`.
     #[error("not a valid ONNX model (protobuf decoding failed: {0}); is the file truncated or not ONNX?")]
-    Decode(#[from] prost::DecodeError),
+    Decode(prost::DecodeError),
     /// The model is structurally invalid.
     #[error("invalid model: {0}")]
     Invalid(String),

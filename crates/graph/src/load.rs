@@ -16,7 +16,7 @@ use tract_onnx::pb;
 /// shape inference). Every error names the file.
 pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| GraphError::Io { action: "read", path: path.into(), source })?;
+    let bytes = std::fs::read(path).map_err(|error| GraphError::Io { action: "read", path: path.into(), error })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     parse_model(&bytes, Some(dir)).map_err(|e| e.in_file(path))
 }
@@ -24,7 +24,7 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
 /// Parses ONNX bytes. External data is read relative to `external_dir`; without one,
 /// a model with external data is an error.
 pub fn parse_model(bytes: &[u8], external_dir: Option<&Path>) -> Result<Model> {
-    let proto = pb::ModelProto::decode(bytes)?;
+    let proto = pb::ModelProto::decode(bytes).map_err(GraphError::Decode)?;
     model_from_proto(proto, external_dir)
 }
 

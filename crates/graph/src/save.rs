@@ -51,15 +51,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     };
     let io = |action: &'static str, p: &Path| {
         let p = p.to_path_buf();
-        move |source| GraphError::Io { action, path: p, source }
+        move |error| GraphError::Io { action, path: p, error }
     };
     let mut tmp = tempfile_in(dir).map_err(io("create a temporary file in", dir))?;
     tmp.1.write_all(bytes).map_err(io("write", &tmp.0))?;
     tmp.1.sync_all().map_err(io("sync", &tmp.0))?;
     drop(tmp.1);
-    std::fs::rename(&tmp.0, path).map_err(|source| {
+    std::fs::rename(&tmp.0, path).map_err(|error| {
         let _ = std::fs::remove_file(&tmp.0);
-        GraphError::Io { action: "rename into", path: path.into(), source }
+        GraphError::Io { action: "rename into", path: path.into(), error }
     })?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();

@@ -28,7 +28,7 @@ mod trainer;
 
 pub use control::{Controller, Outcome, Saved, StateView, StepReport};
 pub use error::{Result, TrainError};
-pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
+pub use run::{ModelSource, NewRun, Recipe, RunFolder, RunSpec, create_run, open_run, prepare_run};
 pub use schedule::{Decay, Schedule};
 pub use step::{ActivationStore, GraphSet, StepGraphs, StepRunner};
-pub use trainer::{TrainOptions, TrainSummary, Trainer, subset};
+pub use trainer::{Checked, TrainOptions, TrainSummary, Trainer, preflight, subset};

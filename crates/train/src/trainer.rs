@@ -86,25 +86,41 @@ impl Trainer {
     /// checkpoint; a run without one starts from the converted initial state and writes
     /// it as checkpoint 0.
     pub fn open(dir: &Path, options: TrainOptions) -> Result<Trainer> {
-        Trainer::open_with(dir, options, Box::new(Fixed))
+        Trainer::open_inner(dir, options, Box::new(Fixed), None)
     }
 
     /// Opens a run driven by `controller`, which may switch graphs between updates; its
     /// state is restored from the checkpoint the run continues from.
-    pub fn open_with(dir: &Path, options: TrainOptions, mut controller: Box<dyn Controller>) -> Result<Trainer> {
+    pub fn open_with(dir: &Path, options: TrainOptions, controller: Box<dyn Controller>) -> Result<Trainer> {
+        Trainer::open_inner(dir, options, controller, None)
+    }
+
+    /// Opens a run just written from a [`crate::NewRun`] that passed [`preflight`], driven
+    /// by `controller`, with the dataset the check opened (not read a second time).
+    pub fn start(dir: &Path, options: TrainOptions, checked: Checked, controller: Box<dyn Controller>) -> Result<Trainer> {
+        Trainer::open_inner(dir, options, controller, Some(checked.data))
+    }
+
+    fn open_inner(
+        dir: &Path,
+        options: TrainOptions,
+        mut controller: Box<dyn Controller>,
+        data: Option<Splits>,
+    ) -> Result<Trainer> {
         let spec = open_run(dir)?;
         let graphs = dir.join(GRAPHS_DIR);
         let manifest = read_manifest(&graphs)?;
-        let input = match manifest.data_inputs.as_slice() {
-            [one] => one.name.clone(),
-            many => {
-                return Err(TrainError::Config(format!(
-                    "the model has {} data inputs; edgefreeze train feeds exactly one",
-                    many.len()
-                )));
-            }
+        let input = data_input(&manifest)?;
+        let data = match data {
+            // The dataset a pre-flight check opened for this very run.
+            Some(data) if data.name == spec.data => data,
+            _ => open_data(
+                &spec.data,
+                || Ok(edgefreeze_graph::load_model(graphs.join(files::FORWARD))?),
+                &manifest,
+                &options,
+            )?,
         };
-        let data = open_data(&spec.data, &graphs, &manifest, &options)?;
         check_fit(&data, &manifest)?;
 
         let workspace = edgefreeze_engine::workspace(&options.engine, &options.engine_options)?;
@@ -431,9 +447,43 @@ fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     Ok((input, labels))
 }
 
+/// What [`preflight`] found right about a new run: its dataset, opened.
+pub struct Checked {
+    data: Splits,
+}
+
+/// Checks, before a new run writes anything, what [`Trainer::open`] would find wrong with
+/// it: the engine and its provider are available, the model has one data input, and the
+/// dataset is there, readable, and fits the model's input shape and classes. A failure
+/// here leaves no run folder behind to block the corrected command.
+pub fn preflight(run: &crate::NewRun, options: &TrainOptions) -> Result<Checked> {
+    edgefreeze_engine::check_available(&options.engine, &options.engine_options)?;
+    let manifest = run.manifest();
+    data_input(manifest)?;
+    let data = open_data(&run.spec().data, || Ok(run.forward()?.into_owned()), manifest, options)?;
+    check_fit(&data, manifest)?;
+    Ok(Checked { data })
+}
+
+/// The model's one data input (edgefreeze train feeds exactly one).
+fn data_input(manifest: &Manifest) -> Result<String> {
+    match manifest.data_inputs.as_slice() {
+        [one] => Ok(one.name.clone()),
+        many => Err(TrainError::Config(format!(
+            "the model has {} data inputs; edgefreeze train feeds exactly one",
+            many.len()
+        ))),
+    }
+}
+
 /// Opens the run's dataset; text datasets take their sequence length from the model's
-/// input and their vocabulary size from its embedding table.
-fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOptions) -> Result<Splits> {
+/// input and their vocabulary size from its embedding table (`forward` gives the model).
+fn open_data(
+    name: &str,
+    forward: impl FnOnce() -> Result<edgefreeze_graph::Model>,
+    manifest: &Manifest,
+    options: &TrainOptions,
+) -> Result<Splits> {
     let mut open = OpenOptions { npm_prefix: options.npm_prefix.clone(), ..OpenOptions::default() };
     if let Some(input) = manifest.data_inputs.first()
         && input.dtype == "i64"
@@ -441,7 +491,7 @@ fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOpti
         if let Some(len) = input.shape.get(1).and_then(|d| d.as_u64()) {
             open.seq_len = len as usize;
         }
-        let model = edgefreeze_graph::load_model(graphs.join(files::FORWARD))?;
+        let model = forward()?;
         if let Some(v) = crate::run::embedding_rows(&model, &input.name) {
             open.vocab_size = v;
         }

@@ -208,10 +208,12 @@ fn a_finished_run_refuses_to_be_overwritten_and_bad_checkpoints_are_named() {
         optimizer: "sgd".into(),
         freeze: 0,
     };
+    // Before its first checkpoint a run is not protected: it failed to start.
+    edgefreeze_train::create_run(dir.path(), &source, "fashion-mnist", &recipe).unwrap();
+    Trainer::open(dir.path(), options()).unwrap().run().unwrap();
     let err = edgefreeze_train::create_run(dir.path(), &source, "fashion-mnist", &recipe).unwrap_err().to_string();
     assert!(err.contains("already holds a run") && err.contains("--resume"), "{err}");
 
-    Trainer::open(dir.path(), options()).unwrap().run().unwrap();
     let damaged = checkpoint_path(dir.path(), 1);
     std::fs::write(&damaged, b"not a checkpoint").unwrap();
     let err = Trainer::open(dir.path(), options()).err().unwrap().to_string();
