@@ -94,7 +94,10 @@ fn check(stem: &str, kind: &EngineKind) {
     feeds.insert(DROPOUT_SEED.into(), Value::scalar_i64(7));
     for (name, t) in &f.model.graph.initializers {
         if t.dtype().is_float() {
-            feeds.insert(name.clone(), Value::F32(ArrayD::from_shape_vec(IxDyn(t.dims()), t.to_f32_vec().unwrap()).unwrap()));
+            feeds.insert(
+                name.clone(),
+                Value::F32(ArrayD::from_shape_vec(IxDyn(t.dims()), t.to_f32_vec().unwrap()).unwrap()),
+            );
         }
     }
     let bytes = edgefreeze_graph::save::encode_model(&graph);
@@ -127,7 +130,13 @@ fn check(stem: &str, kind: &EngineKind) {
             failures.push(format!("{p}: ‖ours − f64‖ = {diff:.3e} > {allowed:.3e} (‖f64‖ = {norm:.3e})"));
         }
     }
-    assert!(failures.is_empty(), "{stem} on {kind}: {} of {} gradients off:\n{}", failures.len(), params.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{stem} on {kind}: {} of {} gradients off:\n{}",
+        failures.len(),
+        params.len(),
+        failures.join("\n")
+    );
 }
 
 macro_rules! zoo_tests {

@@ -50,7 +50,8 @@ fn hard_sigmoid_and_hard_swish_on_every_piece() {
     check(op("HardSwish"), vec![x()], 17);
     check(op("HardSigmoid"), vec![x()], 17);
     // PyTorch's export: α = 1/6, β = 1/2.
-    let torch = op("HardSigmoid").with_attr("alpha", Attribute::Float(1.0 / 6.0)).with_attr("beta", Attribute::Float(0.5));
+    let torch =
+        op("HardSigmoid").with_attr("alpha", Attribute::Float(1.0 / 6.0)).with_attr("beta", Attribute::Float(0.5));
     check(torch, vec![x()], 17);
 }
 

@@ -28,8 +28,7 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
     let mut skipped: HashSet<String> = HashSet::new();
     loop {
         let graph = &model.graph;
-        let Some(at) =
-            graph.nodes.iter().position(|n| is_default(n, "SplitToSequence") && !skipped.contains(&n.name))
+        let Some(at) = graph.nodes.iter().position(|n| is_default(n, "SplitToSequence") && !skipped.contains(&n.name))
         else {
             break;
         };

@@ -6,8 +6,20 @@ use crate::error::Result;
 use edgefreeze_graph::DataType;
 use edgefreeze_graph::ir::Attribute;
 
-pub(super) const OPS: &[&str] =
-    &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather", "GatherND", "Expand", "Pad"];
+pub(super) const OPS: &[&str] = &[
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherND",
+    "Expand",
+    "Pad",
+];
 
 pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
@@ -274,8 +286,7 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     // zeros as [axis, the other axes in order]; dY as [index axes, the other axes].
     let front: Vec<usize> = std::iter::once(axis).chain((0..rank).filter(|&a| a != axis)).collect();
     let zeros = zeros_shaped(cx, data, &front)?;
-    let dy_front: Vec<i64> =
-        (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
+    let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
     let updates = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
         dy.to_string()
     } else {

@@ -151,9 +151,10 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
                 return Err(cx.err(format!("indices must be int64, got {index_type}")));
             }
             let batch = node.attr_int("batch_dims", 0)?;
-            let depth = indices.last().and_then(Dim::fixed).ok_or_else(|| {
-                cx.err("the last axis of the indices (the index depth) must have a known size")
-            })?;
+            let depth = indices
+                .last()
+                .and_then(Dim::fixed)
+                .ok_or_else(|| cx.err("the last axis of the indices (the index depth) must have a known size"))?;
             if batch < 0 || indices.is_empty() || batch as usize + depth > data.len() || batch as usize >= indices.len()
             {
                 return Err(cx.err(format!(
