@@ -127,7 +127,7 @@ def squeezenet_mini():
 
 def small_model(name: str):
     """The reduced-width torchvision models of the CI fixtures."""
-    from torchvision.models import MNASNet, ShuffleNetV2
+    from torchvision.models import ShuffleNetV2
     from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
     from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
 
@@ -138,8 +138,6 @@ def small_model(name: str):
     if name == "mobilenet_v3_small_025":
         setting, last = _mobilenet_v3_conf("mobilenet_v3_small", width_mult=0.25)
         return MobileNetV3(setting, last, num_classes=NUM_CLASSES)
-    if name == "mnasnet0_1":
-        return MNASNet(0.1, num_classes=NUM_CLASSES)
     if name == "efficientnet_b0_025":
         setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.25)
         return EfficientNet(setting, 0.2, num_classes=NUM_CLASSES, last_channel=last)
@@ -153,7 +151,6 @@ FIXTURES = [
     ("shufflenet_v2_mini", "dynamo", 64),
     ("mobilenet_v3_small_025", "ts", 64),
     ("mobilenet_v3_small_025", "dynamo", 64),
-    ("mnasnet0_1", "dynamo", 64),
     ("efficientnet_b0_025", "ts", 64),
     ("tfenc_bf_pre_gelu", "ts", None),
     ("tfenc_bf_pre_gelu_mask", "dynamo", None),
@@ -162,19 +159,19 @@ FIXTURES = [
 FIXTURE_SIDES = {name: side for name, _, side in FIXTURES if side}
 
 
-def build(name: str):
+def build(name: str, seed: int = DATA_SEED):
     """The module and its example input (batch BATCH)."""
     torch.manual_seed(0)
     if name in FIXTURE_SIDES:
         model = small_model(name)
         redraw_norms(model)
-        rs = np.random.RandomState(DATA_SEED)
+        rs = np.random.RandomState(seed)
         side = FIXTURE_SIDES[name]
         return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
     if name.startswith("tfenc_"):
         spec = next(t for t in TRANSFORMERS if t[0] == name)
         model = EncoderClassifier(*spec[1:])
-        rs = np.random.RandomState(DATA_SEED)
+        rs = np.random.RandomState(seed)
         tokens = rs.randint(1, VOCAB, size=(BATCH, SEQ))
         tokens[:, -2:] = 0 if spec[4] else tokens[:, -2:]  # padded tails when masked
         return model, torch.from_numpy(tokens.astype(np.int64))
@@ -188,7 +185,7 @@ def build(name: str):
         kwargs["image_size"] = side
     model = torchvision.models.get_model(name, **kwargs)
     redraw_norms(model)
-    rs = np.random.RandomState(DATA_SEED)
+    rs = np.random.RandomState(seed)
     x = torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
     return model, x
 
@@ -247,15 +244,38 @@ def export(model: nn.Module, x: torch.Tensor, exporter: str, path: str):
 # ---------------------------------------------------------------------------
 
 
-def torch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype):
+def torch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype, logits_out=None):
     m = copy.deepcopy(model).to(dtype)
     m.train()
     xin = x if x.dtype == torch.int64 else x.to(dtype)
-    loss = F.cross_entropy(m(xin), y)
+    logits = m(xin)
+    if logits_out is not None:
+        logits_out.append(logits.detach().to(torch.float64).numpy())
+    loss = F.cross_entropy(logits, y)
     loss.backward()
     grads = {n: p.grad.detach().to(torch.float64).numpy().copy() for n, p in m.named_parameters()
              if p.grad is not None}
     return float(loss.item()), grads
+
+
+PERTURBATION = 1e-6
+# A float64 gradient that moves more than this when the input moves by PERTURBATION
+# (relative) is not smooth at the batch: kinks (ReLU at 0, max-pool ties) lie within
+# float32 rounding, and no float32 evaluation, PyTorch's included, is reliable there.
+KINK_LIMIT = 100 * PERTURBATION
+
+
+def kink_sensitivity(model, x, y, g64):
+    """Largest relative change of a float64 gradient (of tensors above 1e-3 of the largest
+    norm) when the input is scaled elementwise by 1 + PERTURBATION * N(0, 1): about
+    PERTURBATION for a smooth loss. Token inputs cannot be perturbed: 0."""
+    if x.dtype == torch.int64:
+        return 0.0
+    gen = torch.Generator().manual_seed(3)
+    xp = x.double() * (1 + PERTURBATION * torch.randn(x.shape, generator=gen, dtype=torch.float64))
+    _, moved = torch_grads(model, xp, y, torch.float64)
+    top = max(float(np.linalg.norm(g.ravel())) for g in g64.values())
+    return max(rel_l2(moved[n], g)[0] for n, g in g64.items() if np.linalg.norm(g.ravel()) > 1e-3 * top)
 
 
 def rel_l2(a, ref):
@@ -430,15 +450,34 @@ def write_fixture(name, exporter, out_dir):
     PyTorch's own float32 error per tensor."""
     from safetensors.numpy import save_file
 
-    model, x = build(name)
-    zero_stochastic(model)
+    # The first data seed at which the loss is smooth (see KINK_LIMIT), else the smoothest
+    # of ten.
+    tries = []
+    for seed in range(DATA_SEED, DATA_SEED + 10):
+        model, x = build(name, seed)
+        zero_stochastic(model)
+        rs = np.random.RandomState(seed + 1)
+        y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
+        loss64, g64 = torch_grads(model, x, y, torch.float64)
+        sensitivity = kink_sensitivity(model, x, y, g64)
+        tries.append((sensitivity, seed))
+        if sensitivity <= KINK_LIMIT:
+            break
+        print(f"{name}: data seed {seed}: float64 gradient moves {sensitivity:.1e} under a {PERTURBATION:g} "
+              "input perturbation", flush=True)
+    sensitivity, seed = min(tries)
+    if seed != tries[-1][1]:
+        model, x = build(name, seed)
+        zero_stochastic(model)
+        rs = np.random.RandomState(seed + 1)
+        y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
+        loss64, g64 = torch_grads(model, x, y, torch.float64)
     stem = f"{name}.{exporter}"
     model_path = os.path.join(out_dir, stem + ".onnx")
     export(model, x, exporter, model_path)
-    rs = np.random.RandomState(DATA_SEED + 1)
-    y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
-    loss64, g64 = torch_grads(model, x, y, torch.float64)
-    loss32, g32 = torch_grads(model, x, y, torch.float32)
+    logits = []
+    torch_grads(model, x, y, torch.float64, logits)
+    loss32, g32 = torch_grads(model, x, y, torch.float32, logits)
     mapping = onnx_param_names(model_path, g64)
     missing = [n for n in g64 if n not in mapping]
     assert not missing, f"{stem}: parameters without an ONNX initializer: {missing}"
@@ -452,9 +491,13 @@ def write_fixture(name, exporter, out_dir):
     meta = {
         "model": name, "exporter": exporter, "file": stem + ".onnx", "batch": int(x.shape[0]),
         "input_shape": list(x.shape), "loss": loss64, "loss_float32_error": abs(loss32 - loss64) / abs(loss64),
+        # One number can be near zero by chance; the logits' error bounds what the loss's can be.
+        "logits_float32_error": rel_l2(logits[1], logits[0])[0],
         "float32_error_per_tensor": errors,
         "gradient_norms": {mapping[n]: float(np.linalg.norm(g.ravel())) for n, g in g64.items()},
         "parameters": [mapping[n] for n in g64], "torch_names": list(g64),
+        "data_seed": seed, "kink_sensitivity": sensitivity, "kink_limit": KINK_LIMIT,
+        "conditioned": sensitivity <= KINK_LIMIT, "seed_search": [[s, v] for v, s in tries],
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "command": "python3 tools/zoo_sweep.py --fixtures tests/fixtures/zoo",
     }
