@@ -21,7 +21,7 @@ For every (model, exporter) this
    opset_version=17, do_constant_folding=False`` and a dynamic batch axis, or dynamo
    with ``dynamic_shapes`` (batch) and ``optimize=False``;
 3. runs ``edgefreeze inspect`` and ``edgefreeze convert`` (wall time and peak
-   resident memory from ``/usr/bin/time``-style ``resource`` accounting);
+   resident memory of the process, from ``wait4``);
 4. runs ``grad.onnx`` on ONNX Runtime (CPU) with the model's parameters, a fixed
    random batch and its labels, and compares the loss and every parameter gradient
    with PyTorch's in float64 (the truth); PyTorch's own float32 run on the same
@@ -39,9 +39,9 @@ import argparse
 import copy
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -350,12 +350,17 @@ def compare(loss, grads, loss64, g64, loss32, g32):
 
 
 def run_cli(binary, args, timeout):
+    """Runs the CLI under `timeout`; returns (completed process, wall seconds, peak resident
+    KiB). wait4's resource usage covers the child and the children it waited for."""
     start = time.time()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    p = subprocess.run([binary] + args, capture_output=True, text=True, timeout=timeout)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest of any child so far: exact when it grew.
-    return p, time.time() - start, after if after > before else None
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(["timeout", str(timeout), binary] + args, stdout=out, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read())
+    return done, time.time() - start, usage.ru_maxrss
 
 
 def first_line(text: str) -> str:
@@ -389,7 +394,7 @@ def sweep_one(name, exporter, out_dir, binary, timeout):
     p, seconds, rss = run_cli(binary, ["convert", model_path, "--out", conv], timeout)
     row["convert"] = "ok" if p.returncode == 0 else first_line(p.stderr)
     row["convert_s"] = seconds
-    row["convert_mb"] = rss / 1024 if rss else None
+    row["convert_mb"] = rss / 1024
     if p.returncode != 0:
         return row
     manifest = json.load(open(os.path.join(conv, "manifest.json")))
@@ -507,6 +512,26 @@ def write_fixture(name, exporter, out_dir):
     print(f"{stem}: {size / 1e6:.2f} MB, worst PyTorch float32 error {max(errors.values()):.2e}", flush=True)
 
 
+def merge_tables(paths, table):
+    """One table from the results of several runs, in the sweep's order, with a row for
+    every (model, exporter) that no run reached."""
+    found = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        for line in open(path):
+            r = json.loads(line)
+            found[(r["model"], r["exporter"])] = r
+    rows = []
+    for name in [t[0] for t in TORCHVISION] + [t[0] for t in TRANSFORMERS]:
+        for exporter in ("ts", "dynamo"):
+            rows.append(found.get((name, exporter), {
+                "model": name, "exporter": exporter, "export": "not run (time)",
+                "input": dict(TORCHVISION).get(name, f"{SEQ} tokens")}))
+    write_table(rows, table, "python3 tools/zoo_sweep.py --out runs/zoo --skip-big; parallel runs; then --table-from "
+                + ",".join(paths) + f" --table {table}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/zoo")
@@ -517,7 +542,12 @@ def main():
     ap.add_argument("--bin", default="target/debug/edgefreeze")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--fixtures", default=None, help="write the CI fixtures to this folder instead")
+    ap.add_argument("--table-from", default=None,
+                    help="comma-separated results.jsonl files of earlier (possibly parallel) runs: only write --table")
     args = ap.parse_args()
+    if args.table_from:
+        merge_tables(args.table_from.split(","), args.table)
+        return
     torch.set_num_threads(2)
     if args.fixtures:
         os.makedirs(args.fixtures, exist_ok=True)

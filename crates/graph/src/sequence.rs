@@ -37,8 +37,7 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
             skipped.insert(node.name.clone());
             continue;
         };
-        let readers: Vec<usize> =
-            (0..graph.nodes.len()).filter(|&i| graph.nodes[i].inputs.iter().any(|v| *v == seq)).collect();
+        let readers: Vec<usize> = (0..graph.nodes.len()).filter(|&i| graph.nodes[i].inputs.contains(&seq)).collect();
         let only_sequence_at = readers.iter().all(|&i| is_default(&graph.nodes[i], "SequenceAt"));
         let is_output = graph.outputs.iter().any(|v| v.name == seq);
         // Shapes are needed: if an unsupported op comes first, let the op check list it.
