@@ -34,12 +34,15 @@ and writes ``<out>/<name>.safetensors`` (all tensors float32 except ``input``
 (float32 / int64) and ``labels`` (int64)) plus ``<out>/<name>.json`` (recipe,
 hyper-parameters, versions, parameter/buffer names in ONNX initializer order,
 tensor index, the chosen ``batch`` / ``seed``, the conditioning result and the
-seed search, and measured float32-vs-float64 deviations that help choosing test
-tolerances).  ``<out>/README.md`` is regenerated as well.
+seed search, measured float32-vs-float64 deviations per tensor group, and
+PyTorch's own float32 error of every stored tensor,
+``checks.float32_error_per_tensor[<key>] = ||f32 - f64||_2``, the yardstick of the
+tests' tolerance rule).  ``<out>/README.md`` is regenerated as well.
 
-The same recipe is re-run in float32 (PyTorch) to choose a well-conditioned batch
-and to report how far an ordinary float32 implementation lands from the float64
-reference; nothing of that run is stored except the statistics in the JSON.
+The same recipe is re-run in float32 (PyTorch, same weights, batch and steps) to
+choose a well-conditioned batch and to measure how far an ordinary float32
+implementation lands from the float64 reference; of that run only these numbers are
+stored (one per tensor, in the JSON), not its tensors.
 """
 
 from __future__ import annotations
@@ -86,6 +89,15 @@ COND_RTOL = 1e-5  # relative L2 error of float32 PyTorch vs the float64 referenc
 COND_ZERO_NORM = 1e-9  # a reference tensor with a smaller L2 norm is (analytically) zero ...
 COND_ZERO_ATOL = 1e-6  # ... and is compared with this absolute tolerance on ||diff||_2
 STEPS = 2
+# The tests' yardstick is the float32 error of an ensemble, not of one run: the seed
+# search above picks the batch at which the default float32 run happens to land close
+# (a selected sample, biased low), so that run alone understates what float32 does at
+# this batch. ENSEMBLE_RUNS more float32 runs start from the same values each moved by
+# a random -1, 0 or +1 float32 ulp (parameters, BatchNorm buffers and a float input):
+# the size of round-off every float32 implementation makes, in a different place each
+# time. They are not used for the choice, so they are an unbiased look at the spread.
+ENSEMBLE_RUNS = 4
+ENSEMBLE_SEED = 20260
 ORT_ATOL = 1e-5
 SIZE_BUDGET = 35 * 1000 * 1000
 
@@ -294,6 +306,45 @@ COND_CATEGORY = {"logits": "logits", "grad": "grad", "grad_smooth": "grad", "gra
                  "running": "running", "sgd": "sgd", "nesterov": "nesterov", "adamw": "adamw_update"}
 
 
+def float32_errors(ref: dict, other: dict) -> dict:
+    """PyTorch's own float32 error per stored tensor: ``||f32 - f64||_2`` over the tensor's
+    elements (absolute, so that it is meaningful for analytically zero gradients too; for
+    a scalar it is ``|diff|``). Same weights, batch and steps as the stored reference.
+
+    An absolute norm serves every check at once: for parameters after an optimizer step
+    the difference of the updates ``(f32 - p0) - (f64 - p0)`` is the same vector, and a
+    relative error is this number divided by the norm of whatever the test compares."""
+    return {k: float(np.linalg.norm((other[k].astype(np.float64) - r.astype(np.float64)).ravel()))
+            for k, r in ref.items()}
+
+
+def ulp_perturbed(rs: np.random.RandomState, a: np.ndarray) -> np.ndarray:
+    """`a` (float32 values) with every element moved by a random -1, 0 or +1 float32 ulp."""
+    a32 = a.astype(np.float32)
+    step = rs.randint(-1, 2, size=a32.shape)
+    up, down = np.nextafter(a32, np.float32(np.inf)), np.nextafter(a32, np.float32(-np.inf))
+    return np.where(step > 0, up, np.where(step < 0, down, a32)).astype(a.dtype)
+
+
+def ensemble_errors(name: str, model: nn.Module, x: np.ndarray, y: np.ndarray, golden: dict,
+                    f32_err: dict) -> tuple:
+    """PyTorch float32 errors over the ensemble: the default run (`f32_err`) and
+    ENSEMBLE_RUNS runs from ulp-perturbed values. Returns (per tensor the largest error
+    over the ensemble, per run and tensor the errors of the perturbed runs)."""
+    runs = []
+    for i in range(ENSEMBLE_RUNS):
+        rs = np.random.RandomState(ENSEMBLE_SEED + i)
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for t in list(m.parameters()) + [b for n, b in m.named_buffers()
+                                             if n.endswith("running_mean") or n.endswith("running_var")]:
+                t.copy_(torch.from_numpy(ulp_perturbed(rs, t.numpy())))
+        xi = x if x.dtype == np.int64 else ulp_perturbed(rs, x)
+        runs.append(float32_errors(golden, run_recipe(name, m, xi, y, torch.float32)))
+    worst = {k: max([v] + [r[k] for r in runs]) for k, v in f32_err.items()}
+    return worst, runs
+
+
 def zero_gradients(golden: dict) -> list:
     """Parameters whose float64 gradient is analytically zero (L2 norm < COND_ZERO_NORM)."""
     return sorted(k[len("grad/"):] for k, v in golden.items()
@@ -471,6 +522,8 @@ def process(name: str, models_dir: str, out_dir: str) -> dict:
     assert ort_diff < ORT_ATOL, f"{name}: float64 eval vs onnxruntime max abs diff {ort_diff:.3e}"
 
     dev = deviation(golden, f32, zero_grads)
+    f32_err = float32_errors(golden, f32)
+    ens_err, ens_runs = ensemble_errors(name, model, x, y, golden, f32_err)
 
     # BN running_var: PyTorch (unbiased batch variance) vs ONNX-spec (biased) update
     bn_unbiased_effect = 0.0
@@ -586,6 +639,16 @@ def process(name: str, models_dir: str, out_dir: str) -> dict:
                 "tries": chosen["tries"],
             },
             "float32_torch_vs_float64_reference": dev,
+            "float32_error_metric": ("||torch_float32 - torch_float64||_2 over the tensor's elements "
+                                     "(absolute; |diff| for a scalar); same batch and steps"),
+            "float32_error_ensemble": (f"the default float32 run and {ENSEMBLE_RUNS} float32 runs whose "
+                                       "parameters, BatchNorm buffers and float input are each moved by a "
+                                       "random -1, 0 or +1 float32 ulp (numpy.random.RandomState("
+                                       f"{ENSEMBLE_SEED} + run)); float32_error_per_tensor is the largest "
+                                       "error over these runs, float32_error_default_run that of the "
+                                       "default run alone (the one the conditioning search chose by)"),
+            "float32_error_per_tensor": ens_err,
+            "float32_error_default_run": f32_err,
         },
         "tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in tensors.items()},
     }
@@ -625,9 +688,13 @@ One pair of files per TorchScript-exported model in `models/`:
   `batch` and `seed` (and `conditioned`), the parameter and BN buffer names in
   ONNX initializer order, an index of every tensor, the loss values, parameters
   whose gradient is analytically zero, the conditioning result with the whole
-  seed search (`checks.conditioning`), and the measured deviation of an
+  seed search (`checks.conditioning`), the measured deviation of an
   ordinary float32 PyTorch run from the float64 reference
-  (`checks.float32_torch_vs_float64_reference`).
+  (`checks.float32_torch_vs_float64_reference`), and, per stored tensor,
+  PyTorch's own float32 error `||f32 - f64||_2`: the largest over an ensemble of
+  float32 runs (`checks.float32_error_per_tensor`, the tests' yardstick, see
+  *Tolerance rule* below) and that of the default run alone
+  (`checks.float32_error_default_run`).
 
 | file | batch | seed | conditioned | size | tensors | loss (CE) |
 |---|---:|---:|:---:|---:|---:|---:|
@@ -812,6 +879,78 @@ A float32 implementation flips *different* elements than float32 PyTorch
 does, so where a fixture is not conditioned only the categories that meet the
 rule above with margin are tight checks there.
 
+## Tolerance rule of the tests
+
+`tests/pytorch_golden.rs` compares each tensor of ours (float32, ONNX Runtime and
+tract) with the float64 reference `r` and accepts it when
+
+    ||ours - r||_2 <= 16 * e32        or        max |ours - r| <= 16 * eps32 * s
+
+- `e32` = `checks.float32_error_per_tensor[<key>]`: PyTorch's own float32 error
+  on that tensor, `||f32 - f64||_2`, the largest over an ensemble of float32
+  runs: the default run and 4 runs whose parameters, BatchNorm buffers and float
+  input are each moved by a random -1, 0 or +1 float32 ulp. One run is not
+  enough: the conditioning search above *chose* the batch at which the default
+  run happens to land close, so its error is biased low; the perturbed runs
+  were not used for the choice. Largest ratio, over the tensors of a group,
+  of the ensemble error to the default run's (a large one means the default
+  run was lucky there: at resnet20_32's batch, ulp-sized changes of the
+  starting values move the gradients 2.5e-3 (median over tensors, relative
+  L2) from the float64 run where the default run is 2.5e-6 off -- jumps of the
+  kind a ReLU pre-activation within round-off of its kink gives, not traced to
+  single elements; mobilenetv2_05's by 5e-4):
+
+| model | grad | running | sgd | adamw | nesterov | losses |
+|---|---:|---:|---:|---:|---:|---:|
+{ensrows}
+
+- `16` (C): ours and PyTorch's are two float32 evaluations of the same function;
+  their errors are the round-off each injects, propagated by the same
+  Jacobians, so the conditioning of model and batch cancels from the ratio and
+  what is left is how much round-off each injects per op: the order of long
+  reductions (a sequential sum's typical error grows like sqrt(K), a blocked one
+  like sqrt(block): a factor up to ~8 for the 16384-term convolution weight
+  gradients of ResNet-20) times fused against composed ops (PyTorch's
+  BatchNorm, log-softmax and cross-entropy are one kernel each; ours are
+  several ONNX ops, each rounding), ~2.
+- the floor `16 * eps32 * s` (`eps32` = 2^-23): every element within 16 float32
+  ulps of the scale `s` its round-off is relative to: for a gradient the
+  largest gradient element of the model (a gradient that is zero in exact
+  arithmetic, e.g. a bias before a training-mode BatchNorm, is round-off of
+  terms of the size of the model's gradients and has no scale of its own); for
+  a loss, running statistic or parameter the tensor's own largest element.
+- Parameters after optimizer steps are compared as they are; the absolute
+  difference is the same as that of the update, and on analytically zero
+  gradients AdamW turns round-off into steps of up to `lr` in every float32
+  implementation, which the ensemble's error there shows.
+
+The tests also show that the rule rejects real errors: in copies of our
+accepted output, the gradient float32 determines best scaled by `1 + 1e-3`,
+the largest element of every gradient that is not analytically zero negated,
+and the update of the best-determined parameter scaled by 1.01 (1.1 where
+float32 leaves more than 0.5% of every update open: mobilenetv2_05's SGD)
+must each be rejected.
+
+Worst ratio `||ours - r||_2 / e32` measured over all tensors and categories
+(on an AMD EPYC with AVX-512; tract also with its AVX2+FMA kernels,
+`TRACT_CPU_ISA=-avx512f,-avx512vnni,-avx512fp16,-avxvnni,-amx-int8,-amx-bf16`;
+no tensor needed the floor):
+
+| model | ONNX Runtime | tract (AVX-512) | tract (AVX2+FMA) | where |
+|---|---:|---:|---:|---|
+| mlp | 9.25 | 8.74 | 9.31 | AdamW step losses |
+| lenet5 | 4.30 | 4.28 | 4.27 | AdamW `fc1.bias` |
+| resnet20_28 | 4.69 | 4.19 | 5.10 | AdamW step losses |
+| resnet20_32 | 1.86 | 1.73 | 1.73 | running mean |
+| mobilenetv2_05 | 2.29 | 2.28 | 2.28 | running mean |
+| transformer_text | 6.05 | 6.05 | 6.05 | AdamW `head.bias` |
+| kws_m5 | 10.65 | 9.96 | 9.96 | AdamW step losses |
+
+The largest ratios are all AdamW: ours computes the bias correction
+`1 - beta2^t` from float32 `beta2` = 0.99900001 but scales `g^2` by
+`1 - beta2` = 0.001, which makes every AdamW step 6.4e-6 (step 1) and 9.8e-6
+(step 2) too large; PyTorch computes both in float64.
+
 ## Regenerate
 
 ```sh
@@ -868,7 +1007,23 @@ def write_readme(out_dir: str, rows: list) -> None:
 
         dev_lines.append(f"| {r['name']} | {l2('logits')} | {l2('grad')} | {l2('running')} | {l2('sgd')} | "
                          f"{l2('adamw')} | {ab('sgd_loss')} | {ab('adamw_loss')} |")
-    text = (README.replace("{rows}", "\n".join(lines)).replace("{devrows}", "\n".join(dev_lines))
+    ens_lines = []
+    for r in rows:
+        c = r["meta"]["checks"]
+        ens, one = c["float32_error_per_tensor"], c["float32_error_default_run"]
+        worst = {}
+        for k, v in ens.items():
+            g = {"grad_smooth": "grad", "grad_mse": "grad"}.get(group_of(k), group_of(k))
+            g = "losses" if g in LOSS_GROUPS else g
+            ratio = v / one[k] if one[k] > 0 else 1.0
+            worst[g] = max(worst.get(g, 1.0), ratio)
+
+        def ens_cell(g):
+            return f"{worst[g]:.1f}" if g in worst else "-"
+
+        ens_lines.append(f"| {r['name']} | " + " | ".join(ens_cell(g) for g in
+                         ("grad", "running", "sgd", "adamw", "nesterov", "losses")) + " |")
+    text = (README.replace("{rows}", "\n".join(lines)).replace("{ensrows}", "\n".join(ens_lines)).replace("{devrows}", "\n".join(dev_lines))
             .replace("{condrows}", "\n".join(cond_lines)).replace("{notmet}", notmet_text)
             .replace("{total}", f"{total / 1e6:.2f} MB"))
     text = (text.replace("{torch}", torch.__version__).replace("{numpy}", np.__version__)
