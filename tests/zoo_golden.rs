@@ -73,10 +73,6 @@ impl Fixture {
     }
 }
 
-fn l2(v: impl Iterator<Item = f64>) -> f64 {
-    v.map(|x| x * x).sum::<f64>().sqrt()
-}
-
 fn check(stem: &str, kind: &EngineKind) {
     let f = fixture(stem);
     let graph = gradient_graph(&f.model, &Loss::CrossEntropy { label_smoothing: 0.0 }, &[])
