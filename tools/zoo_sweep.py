@@ -141,6 +141,17 @@ def small_model(name: str):
     if name == "efficientnet_b0_025":
         setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.25)
         return EfficientNet(setting, 0.2, num_classes=NUM_CLASSES, last_channel=last)
+    if name == "swin_mini":
+        from torchvision.models import SwinTransformer
+
+        # Swin-T's blocks (shifted windows, relative-position bias, patch merging) at
+        # width 8, two stages of one block each, 2×2 windows.
+        return SwinTransformer([4, 4], 8, [2, 2], [1, 2], [2, 2], num_classes=NUM_CLASSES,
+                               stochastic_depth_prob=0.0)
+    if name == "convnext_mini":
+        from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+        return ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)], num_classes=NUM_CLASSES)
     raise KeyError(name)
 
 
@@ -152,6 +163,9 @@ FIXTURES = [
     ("mobilenet_v3_small_025", "ts", 64),
     ("mobilenet_v3_small_025", "dynamo", 64),
     ("efficientnet_b0_025", "ts", 64),
+    ("swin_mini", "ts", 32),
+    ("swin_mini", "dynamo", 32),
+    ("convnext_mini", "dynamo", 32),
     ("tfenc_bf_pre_gelu", "ts", None),
     ("tfenc_bf_pre_gelu_mask", "dynamo", None),
     ("tfenc_sf_post_relu_mask", "ts", None),
