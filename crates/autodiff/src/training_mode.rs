@@ -6,7 +6,7 @@
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::infer::Inference;
-use edgefreeze_graph::ir::Node;
+use edgefreeze_graph::ir::{Attribute, Node};
 use std::collections::HashSet;
 
 /// Name of the scalar int64 input that seeds dropout masks.
@@ -47,7 +47,7 @@ pub fn rewrite_for_training(
             }
             "LayerNormalization" => layer_norm(node, types, emitter)?,
             "Dropout" => {
-                uses_dropout_seed |= dropout(node, emitter)?;
+                uses_dropout_seed |= dropout(node, types, emitter)?;
             }
             _ => {
                 emitter.set_prefix("");
@@ -191,24 +191,52 @@ fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
     Ok(())
 }
 
+/// The ratio of a Dropout and whether it is in training mode. Opset 12 on takes both as
+/// inputs; a training-mode export feeds them from `Constant` nodes, so they are known at
+/// load time. A value computed at run time cannot be: the graph's structure depends on it.
+fn dropout_settings(node: &Node, types: &Inference) -> Result<(f64, bool)> {
+    let constant = |i: usize, what: &str| -> Result<Option<f64>> {
+        let Some(name) = node.input(i) else { return Ok(None) };
+        let value = types.constants.get(name).and_then(|t| t.to_f64_vec()).ok_or_else(|| {
+            AutodiffError::node(
+                node,
+                format!("the Dropout {what} ({name:?}) must be a constant known when the model is loaded"),
+            )
+        })?;
+        match value.as_slice() {
+            [v] => Ok(Some(*v)),
+            _ => Err(AutodiffError::node(node, format!("the Dropout {what} ({name:?}) must be a scalar"))),
+        }
+    };
+    let ratio = match constant(1, "ratio")? {
+        Some(r) => r,
+        None => node.attr_float("ratio", 0.5)? as f64,
+    };
+    // Without the input, a Dropout in a training graph trains (the model's own flag is
+    // for inference engines, which ignore it).
+    let training = constant(2, "training_mode")?.is_none_or(|t| t != 0.0);
+    Ok((ratio, training))
+}
+
 /// A dropout mask from a counter-based integer hash of (seed, node name, element index),
 /// in exact int64 arithmetic so every engine draws the same mask. Keyed by the node's
 /// name, not its position, so a graph cut into parts draws the masks the whole graph
 /// does. Returns whether the seed is read.
-fn dropout(node: &Node, e: &mut Emitter) -> Result<bool> {
+fn dropout(node: &Node, types: &Inference, e: &mut Emitter) -> Result<bool> {
     let x = node.input(0).unwrap_or_default().to_string();
     let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?.to_string();
-    let ratio = match node.input(1) {
-        Some(_) => {
-            return Err(AutodiffError::node(
-                node,
-                "a Dropout ratio given as an input is not supported in training; export the model with a constant ratio",
-            ));
-        }
-        None => node.attr_float("ratio", 0.5)? as f64,
-    };
-    if ratio <= 0.0 {
+    let (ratio, training) = dropout_settings(node, types)?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(AutodiffError::node(node, format!("a Dropout ratio of {ratio} is outside [0, 1]")));
+    }
+    if !training || ratio == 0.0 {
         e.op_into("Identity", &[&x], &[&y], vec![]);
+        if let Some(mask_out) = node.output(1) {
+            // Nothing is dropped: the mask is all true.
+            let shape = e.shape_of(&x);
+            let one = edgefreeze_graph::Tensor::from_i64_as(edgefreeze_graph::DataType::Bool, vec![1], &[1])?;
+            e.op_into("ConstantOfShape", &[&shape], &[mask_out], vec![("value", Attribute::Tensor(one))]);
+        }
         return Ok(false);
     }
     if ratio >= 1.0 {

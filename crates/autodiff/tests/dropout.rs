@@ -11,7 +11,21 @@ use ndarray::{ArrayD, IxDyn};
 const N: usize = 4000;
 const RATIO: f32 = 0.3;
 
+/// How the model gives the Dropout its ratio.
+#[derive(Clone, Copy)]
+enum Ratio {
+    /// The `ratio` attribute (opset 13 still accepts it as the default).
+    Attribute,
+    /// `ratio` and `training_mode` inputs fed by `Constant` nodes, as PyTorch's
+    /// TorchScript exporter writes a training-mode Dropout.
+    ConstantInputs,
+}
+
 fn model() -> Model {
+    model_with(Ratio::Attribute)
+}
+
+fn model_with(ratio: Ratio) -> Model {
     let mut graph = Graph { name: "dropout".into(), ..Default::default() };
     graph.initializers.insert("x".into(), Tensor::from_f32(vec![N], &vec![1.0; N]).unwrap());
     let weights: Vec<f32> = (0..N).map(|i| 1.0 + (i % 7) as f32).collect();
@@ -19,7 +33,20 @@ fn model() -> Model {
         Node::new("w", "Constant", &[], &["w"])
             .with_attr("value", Attribute::Tensor(Tensor::from_f32(vec![N], &weights).unwrap())),
     );
-    graph.nodes.push(Node::new("drop", "Dropout", &["x"], &["y"]).with_attr("ratio", Attribute::Float(RATIO)));
+    match ratio {
+        Ratio::Attribute => {
+            graph.nodes.push(Node::new("drop", "Dropout", &["x"], &["y"]).with_attr("ratio", Attribute::Float(RATIO)))
+        }
+        Ratio::ConstantInputs => {
+            graph.nodes.push(
+                Node::new("ratio", "Constant", &[], &["ratio"])
+                    .with_attr("value", Attribute::Tensor(Tensor::from_f32(vec![], &[RATIO]).unwrap())),
+            );
+            let on = Tensor::from_i64_as(edgefreeze_graph::DataType::Bool, vec![], &[1]).unwrap();
+            graph.nodes.push(Node::new("on", "Constant", &[], &["on"]).with_attr("value", Attribute::Tensor(on)));
+            graph.nodes.push(Node::new("drop", "Dropout", &["x", "ratio", "on"], &["y", "mask"]));
+        }
+    }
     graph.nodes.push(Node::new("mul", "Mul", &["y", "w"], &["yw"]));
     graph.nodes.push(Node::new("sum", "ReduceSum", &["yw"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
     graph.outputs.push(ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() });
@@ -40,7 +67,27 @@ fn run(kind: &EngineKind, bytes: &[u8], seed: i64) -> Vec<f32> {
 
 #[test]
 fn the_mask_is_replayable_the_same_on_every_engine_and_differentiated() {
-    let graph = gradient_graph(&model(), &Loss::Output, &[]).unwrap();
+    check_mask(Ratio::Attribute);
+}
+
+#[test]
+fn a_training_mode_export_with_constant_ratio_inputs_trains_with_the_seeded_mask() {
+    check_mask(Ratio::ConstantInputs);
+}
+
+#[test]
+fn a_ratio_computed_at_run_time_is_a_clear_error() {
+    let mut m = model_with(Ratio::ConstantInputs);
+    // Feed the ratio from a graph input instead of the Constant node.
+    m.graph.nodes.retain(|n| n.name != "ratio");
+    m.graph.inputs.push(ValueInfo::new("ratio", edgefreeze_graph::DataType::Float32, vec![]));
+    let m = prepare(m).unwrap();
+    let err = gradient_graph(&m, &Loss::Output, &[]).unwrap_err().to_string();
+    assert!(err.contains("drop") && err.contains("ratio") && err.contains("constant"), "{err}");
+}
+
+fn check_mask(ratio: Ratio) {
+    let graph = gradient_graph(&model_with(ratio), &Loss::Output, &[]).unwrap();
     assert!(graph.graph.inputs.iter().any(|v| v.name == DROPOUT_SEED));
     let bytes = edgefreeze_graph::save::encode_model(&graph);
     let ort = EngineKind::Ort(Provider::Cpu);

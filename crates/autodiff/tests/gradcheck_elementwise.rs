@@ -43,6 +43,19 @@ fn activations() {
 }
 
 #[test]
+fn hard_sigmoid_and_hard_swish_on_every_piece() {
+    // Points in each linear piece, away from the kinks at ±3 (HardSwish) and where
+    // αx + β leaves [0, 1] (HardSigmoid).
+    let x = || Input::Param(vec![8], vec![-4.5, -3.5, -2.2, -1.0, 0.3, 2.0, 3.4, 5.0]);
+    check(op("HardSwish"), vec![x()], 17);
+    check(op("HardSigmoid"), vec![x()], 17);
+    // PyTorch's export: α = 1/6, β = 1/2.
+    let torch =
+        op("HardSigmoid").with_attr("alpha", Attribute::Float(1.0 / 6.0)).with_attr("beta", Attribute::Float(0.5));
+    check(torch, vec![x()], 17);
+}
+
+#[test]
 fn clip_passes_the_gradient_strictly_inside_its_bounds() {
     let mut rng = Rng::new(4);
     let bounds = |lo: f64, hi: f64| {

@@ -65,6 +65,41 @@ fn embedding_gather_with_repeated_and_negative_indices() {
 }
 
 #[test]
+fn gather_along_inner_axes_with_index_tensors_and_scalars() {
+    let mut rng = Rng::new(15);
+    let pairs = Input::Const(Tensor::from_i64(vec![2, 2], &[3, 0, -1, 1]).unwrap());
+    let axis = |a: i64| op("Gather").with_attr("axis", Attribute::Int(a));
+    check(axis(1), vec![param(&mut rng, &[3, 4, 2]), pairs], 17);
+    // `x[:, :, 2]` as dynamo exports a select: a scalar index on the last axis.
+    let select = Input::Const(Tensor::from_i64(vec![], &[2]).unwrap());
+    check(axis(-1), vec![param(&mut rng, &[2, 3, 4]), select], 17);
+    let repeated = Input::Const(Tensor::from_i64_as(DataType::Int32, vec![3], &[1, 1, 0]).unwrap());
+    check(axis(2), vec![param(&mut rng, &[2, 2, 3, 2]), repeated], 17);
+}
+
+#[test]
+fn gather_nd_scatters_back_with_repeated_tuples() {
+    let mut rng = Rng::new(16);
+    let tuples = Input::Const(Tensor::from_i64(vec![3, 2], &[0, 1, 2, 3, 0, 1]).unwrap());
+    check(op("GatherND"), vec![param(&mut rng, &[3, 4, 2]), tuples], 17);
+    // Depth 1 picks whole rows, as Swin's relative-position lookup does.
+    let rows = Input::Const(Tensor::from_i64(vec![2, 2, 1], &[2, 0, 2, 1]).unwrap());
+    check(op("GatherND"), vec![param(&mut rng, &[3, 4]), rows], 17);
+}
+
+#[test]
+fn constant_pad_with_axes_and_negative_pads() {
+    let mut rng = Rng::new(17);
+    check(op("Pad"), vec![param(&mut rng, &[2, 3, 4]), ints(&[0, 1, 2, 0, 0, 1])], 17);
+    // Swin's window padding: only some axes, given as input 3 (opset 18).
+    // (The constant value, input 2, is omitted: the harness leaves an empty name empty.)
+    let with_axes = Node::new("Pad", "Pad", &["x", "pads", "", "axes"], &["out0"]);
+    check(with_axes, vec![param(&mut rng, &[2, 3, 4]), ints(&[1, 0, 2, 3]), ints(&[0]), ints(&[1, -1])], 18);
+    // A negative pad crops.
+    check(op("Pad"), vec![param(&mut rng, &[3, 5]), ints(&[-1, 2, 1, -2])], 17);
+}
+
+#[test]
 fn expand_broadcasts_back() {
     let mut rng = Rng::new(15);
     check(op("Expand"), vec![param(&mut rng, &[3, 1]), ints(&[2, 3, 4])], 17);

@@ -164,6 +164,18 @@ fn conv_2d_grouped() {
 }
 
 #[test]
+fn depthwise_kernel_larger_than_the_input() {
+    // MNASNet's 5×5 depthwise convolutions (pad 2) on the 2×2 maps of a 64×64 input.
+    let mut rng = Rng::new(18);
+    let node = op("Conv").with_attr("group", Attribute::Int(3)).with_attr("pads", ints(&[2, 2, 2, 2]));
+    case(node, vec![param(&mut rng, &[2, 3, 2, 2]), param(&mut rng, &[3, 1, 5, 5])], 17);
+    let node = op("Conv").with_attr("group", Attribute::Int(3)).with_attr("pads", ints(&[2, 2, 2, 2]));
+    case(node, vec![param(&mut rng, &[2, 3, 3, 2]), param(&mut rng, &[3, 1, 5, 5])], 17);
+    let node = op("Conv").with_attr("pads", ints(&[2, 2, 2, 2]));
+    case(node, vec![param(&mut rng, &[2, 3, 2, 2]), param(&mut rng, &[4, 3, 5, 5])], 17);
+}
+
+#[test]
 fn conv_2d_depthwise_with_multiplier() {
     let mut rng = Rng::new(15);
     let node = op("Conv")

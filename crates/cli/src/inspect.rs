@@ -24,26 +24,51 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     }
     let model = import(&args.model)?;
     let analysis = analyse(&model).with_context(|| format!("analysing {}", args.model.display()))?;
+    let training = training_check(&model);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let report = Report { model: args.model.display().to_string(), opset: model.opset(), analysis: &analysis };
+        let report = Report {
+            model: args.model.display().to_string(),
+            opset: model.opset(),
+            trainable: training.is_ok(),
+            training_blocked_by: training.err(),
+            analysis: &analysis,
+        };
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
-        write_table(&mut out, &args.model, &model, &analysis)?;
+        write_table(&mut out, &args.model, &model, &analysis, &training)?;
     }
     Ok(())
+}
+
+/// Whether `convert` can build the model's gradient graph with its default loss (softmax
+/// cross-entropy on the first output), and if not, why: the ops without a gradient rule
+/// on the path to the loss, or what else stops it, before anyone runs `convert`.
+fn training_check(model: &Model) -> std::result::Result<(), String> {
+    let loss = edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 };
+    edgefreeze_autodiff::gradient_graph(model, &loss, &[]).map(|_| ()).map_err(|e| e.to_string())
 }
 
 #[derive(serde::Serialize)]
 struct Report<'a> {
     model: String,
     opset: i64,
+    /// Whether `convert` builds a gradient graph (cross-entropy loss).
+    trainable: bool,
+    /// Why not, when it does not.
+    training_blocked_by: Option<String>,
     #[serde(flatten)]
     analysis: &'a Analysis,
 }
 
-fn write_table(out: &mut impl Write, path: &std::path::Path, model: &Model, a: &Analysis) -> Result<()> {
+fn write_table(
+    out: &mut impl Write,
+    path: &std::path::Path,
+    model: &Model,
+    a: &Analysis,
+    training: &std::result::Result<(), String>,
+) -> Result<()> {
     let graph = &model.graph;
     writeln!(
         out,
@@ -58,6 +83,10 @@ fn write_table(out: &mut impl Write, path: &std::path::Path, model: &Model, a: &
         let shape = input.shape.as_deref().map(format_shape).unwrap_or_else(|| "?".into());
         let dtype = input.dtype.map(|d| d.to_string()).unwrap_or_else(|| "?".into());
         writeln!(out, "input  {} {dtype} {shape}", input.name)?;
+    }
+    match training {
+        Ok(()) => writeln!(out, "training: yes (convert builds the gradient graph with a cross-entropy loss)")?,
+        Err(reason) => writeln!(out, "training: no: {reason}")?,
     }
     writeln!(out)?;
     let rows: Vec<[String; 7]> = a

@@ -18,6 +18,7 @@ fn table_lists_layers_cuts_and_totals() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("12 layers, 11 cuts"), "{text}");
+    assert!(text.contains("training: yes"), "{text}");
     assert!(text.contains("layer2.0") && text.contains("batch×32×14×14"), "{text}");
     assert!(text.contains("✂ 24.5 KiB"), "the cut after a 32×14×14 f32 block: {text}");
     assert!(text.lines().last().unwrap().starts_with("total: 272,186 parameters (1,568 buffer elements)"), "{text}");
@@ -30,6 +31,7 @@ fn json_output_is_machine_readable() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["total_parameters"], 333_442);
+    assert_eq!(json["trainable"], true);
     assert_eq!(json["layers"].as_array().unwrap().len(), 8);
     assert_eq!(json["cuts"].as_array().unwrap().len(), 7);
     assert_eq!(json["layers"][0]["name"], "tok_emb");
@@ -46,4 +48,25 @@ fn bad_file_fails_with_a_message_not_a_panic() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error: ") && err.contains("broken.onnx") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn inspect_says_which_ops_block_training() {
+    // Floor has a shape rule but no gradient: the model loads, and inspect says why
+    // convert would fail before anyone runs it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floor.onnx");
+    let mut m = edgefreeze_graph::import(model("mlp.onnx")).unwrap();
+    let first = m.graph.nodes.iter().position(|n| n.op_type == "Gemm").unwrap();
+    let input = m.graph.nodes[first].inputs[0].clone();
+    m.graph.nodes.insert(first, edgefreeze_graph::Node::new("floor", "Floor", &[&input], &["floored"]));
+    m.graph.nodes[first + 1].inputs[0] = "floored".into();
+    let w = m.graph.nodes[first + 1].inputs[1].clone();
+    m.graph.nodes.insert(first + 1, edgefreeze_graph::Node::new("floor_w", "Floor", &[&w], &["floored_w"]));
+    m.graph.nodes[first + 2].inputs[1] = "floored_w".into();
+    edgefreeze_graph::save_model(&m, &path, &Default::default()).unwrap();
+    let out = edgefreeze(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("training: no") && text.contains("Floor") && text.contains("floor_w"), "{text}");
 }

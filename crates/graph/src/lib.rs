@@ -2,7 +2,8 @@
 //! toolchain needs to know about a model.
 //!
 //! Import goes in phases, each its own module: [`load`] parses the protobuf (and external
-//! data), [`sort`] orders the nodes, [`ops`] checks every op is supported, [`fold`] folds
+//! data), [`sort`] orders the nodes, [`sequence`] turns `torch.chunk`'s tensor sequences
+//! into `Split`s, [`ops`] checks every op is supported, [`fold`] folds
 //! constant subgraphs, and [`infer`] gives every value a type and shape. [`save`] writes
 //! the model back. [`analysis`] groups nodes into layers and finds the cut points that
 //! freezing and device/edge partitioning act on.
@@ -17,6 +18,7 @@ pub mod load;
 pub mod ops;
 pub mod optimize;
 pub mod save;
+pub mod sequence;
 pub mod sort;
 pub mod tensor;
 pub mod untie;
@@ -45,6 +47,7 @@ pub fn import(path: impl AsRef<Path>) -> Result<Model> {
 pub fn prepare(mut model: Model) -> Result<Model> {
     ops::check_opset(&model.opset_imports)?;
     sort::sort_topologically(&mut model.graph)?;
+    sequence::rewrite_sequences(&mut model)?;
     ops::check_supported(&model.graph)?;
     untie::untie_identity_initializers(&mut model.graph);
     fold::fold_constants(&mut model)?;

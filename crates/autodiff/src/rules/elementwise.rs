@@ -28,6 +28,8 @@ pub(super) const OPS: &[&str] = &[
     "Where",
     "Dropout",
     "Softplus",
+    "HardSigmoid",
+    "HardSwish",
     "Max",
     "Min",
 ];
@@ -160,6 +162,30 @@ pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
         "Gelu" => {
             let approximate = cx.node.attr_string("approximate", "none")?;
             g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf_grad(cx, &x, &dy) });
+        }
+        "HardSigmoid" => {
+            // y = clip(αx + β, 0, 1): the slope α strictly inside, as PyTorch's hardsigmoid.
+            let alpha = cx.node.attr_float("alpha", 0.2)? as f64;
+            let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
+            let above = cx.e.op("Greater", &[&y, &zero], vec![]);
+            let below = cx.e.op("Less", &[&y, &one], vec![]);
+            let inside = cx.e.op("And", &[&above, &below], vec![]);
+            let scaled = cx.e.scale(&dy, alpha);
+            g[0] = Some(cx.e.op("Where", &[&inside, &scaled, &zero], vec![]));
+        }
+        "HardSwish" => {
+            // y = x·clip(x/6 + 1/2, 0, 1); PyTorch's hardswish_backward: 0 below −3, x/3 + 1/2
+            // on [−3, 3], 1 above.
+            let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
+            let (low, high) = (cx.e.scalar(-3.0), cx.e.scalar(3.0));
+            let third = cx.e.scale(&x, 1.0 / 3.0);
+            let half = cx.e.scalar(0.5);
+            let slope = cx.e.add(&third, &half);
+            let above = cx.e.op("Greater", &[&x, &high], vec![]);
+            let upper = cx.e.op("Where", &[&above, &one, &slope], vec![]);
+            let under = cx.e.op("Less", &[&x, &low], vec![]);
+            let d = cx.e.op("Where", &[&under, &zero, &upper], vec![]);
+            g[0] = Some(cx.e.mul(&dy, &d));
         }
         "Softplus" => {
             let s = cx.e.op("Sigmoid", &[&x], vec![]);

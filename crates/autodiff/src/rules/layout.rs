@@ -6,8 +6,20 @@ use crate::error::Result;
 use edgefreeze_graph::DataType;
 use edgefreeze_graph::ir::Attribute;
 
-pub(super) const OPS: &[&str] =
-    &["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather", "Expand"];
+pub(super) const OPS: &[&str] = &[
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherND",
+    "Expand",
+    "Pad",
+];
 
 pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
@@ -75,6 +87,14 @@ pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
         "Gather" => {
             let dy = cx.dy()?;
             g[0] = Some(gather_grad(cx, &x, &dy)?);
+        }
+        "Pad" => {
+            let dy = cx.dy()?;
+            g[0] = Some(pad_grad(cx, &dy)?);
+        }
+        "GatherND" => {
+            let dy = cx.dy()?;
+            g[0] = Some(gather_nd_grad(cx, &x, &dy)?);
         }
         "Expand" => {
             let dy = cx.dy()?;
@@ -165,14 +185,129 @@ fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
     Ok(grad)
 }
 
-/// The gradient of an embedding lookup along axis 0: the rows of the output gradient added
-/// into zeros at their indices (`ScatterND` with `reduction="add"`, opset 16 on), or
-/// before opset 16 one-hot rows times the output gradient.
+/// The gradient of a constant-mode `Pad`: dY with the padding cut off (`Slice`), and
+/// zeros where negative pads cropped the input.
+fn pad_grad(cx: &mut RuleCx<'_>, dy: &str) -> Result<String> {
+    let mode = cx.node.attr_string("mode", "constant")?;
+    if mode != "constant" {
+        return Err(cx.err(format!("the gradient of Pad is implemented for mode \"constant\", not {mode:?}")));
+    }
+    let rank = cx.shape(cx.x(0))?.len();
+    let pads = const_ints(cx, 1)?.ok_or_else(|| cx.err("pads are required"))?;
+    let axes: Vec<i64> = match const_ints(cx, 3)? {
+        Some(a) => a.iter().map(|&v| if v < 0 { v + rank as i64 } else { v }).collect(),
+        None => (0..rank as i64).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(cx.err(format!("pads {pads:?} do not fit {} axes", axes.len())));
+    }
+    let k = axes.len();
+    let (mut starts, mut ends, mut sliced) = (Vec::new(), Vec::new(), Vec::new());
+    let mut crops = vec![0i64; 2 * rank];
+    for (j, &axis) in axes.iter().enumerate() {
+        let (begin, end) = (pads[j], pads[j + k]);
+        if begin > 0 || end > 0 {
+            starts.push(begin.max(0));
+            ends.push(if end > 0 { -end } else { i64::MAX });
+            sliced.push(axis);
+        }
+        crops[axis as usize] = (-begin).max(0);
+        crops[axis as usize + rank] = (-end).max(0);
+    }
+    let mut grad = dy.to_string();
+    if !sliced.is_empty() {
+        let (s, e, a) = (cx.e.ints(&starts), cx.e.ints(&ends), cx.e.ints(&sliced));
+        grad = cx.e.op("Slice", &[&grad, &s, &e, &a], vec![]);
+    }
+    if crops.iter().any(|&c| c > 0) {
+        let crops = cx.e.ints(&crops);
+        grad = cx.e.op("Pad", &[&grad, &crops], vec![]);
+    }
+    Ok(grad)
+}
+
+/// Zeros of the given shape, with a constant shape where every dimension is known and
+/// `Shape(like)` permuted by `perm` where some are symbolic.
+fn zeros_shaped(cx: &mut RuleCx<'_>, like: &str, perm: &[usize]) -> Result<String> {
+    let shape = cx.shape(like)?;
+    let size = match shape.iter().map(|d| d.fixed()).collect::<Option<Vec<usize>>>() {
+        Some(dims) => cx.e.ints(&perm.iter().map(|&a| dims[a] as i64).collect::<Vec<_>>()),
+        None => {
+            let full = cx.e.shape_of(like);
+            if perm.iter().enumerate().all(|(i, &a)| i == a) {
+                full
+            } else {
+                let order = cx.e.ints(&perm.iter().map(|&a| a as i64).collect::<Vec<_>>());
+                cx.e.op("Gather", &[&full, &order], vec![("axis", Attribute::Int(0))])
+            }
+        }
+    };
+    let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
+    Ok(cx.e.op("ConstantOfShape", &[&size], vec![("value", Attribute::Tensor(zero))]))
+}
+
+/// The gradient of `Gather` along any axis: the slices of dY added into zeros at their
+/// indices (`ScatterND` with `reduction="add"`, opset 16 on, so repeated indices add up).
+/// ScatterND indexes the leading axis, so the gathered axis is moved to the front of the
+/// zeros and the index axes to the front of dY, and moved back after. Only the sizes the
+/// graph's shape inference knows are used as constants; a symbolic batch stays symbolic.
+/// Before opset 16 ScatterND cannot add: embedding lookups (axis 0, known sizes) use
+/// one-hot rows times dY.
 fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
+    let shape = cx.shape(data)?;
+    let rank = shape.len();
     let axis = cx.node.attr_int("axis", 0)?;
+    let axis = if axis < 0 { axis + rank as i64 } else { axis };
+    if !(0..rank as i64).contains(&axis) {
+        return Err(cx.err(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    let axis = axis as usize;
+    if cx.e.opset < 16 {
+        return gather_grad_one_hot(cx, data, dy, axis);
+    }
+    let indices = cx.x(1).to_string();
+    let q = cx.shape(&indices)?.len();
+    let index_type = cx.types.types.get(&indices).and_then(|t| t.dtype).unwrap_or(DataType::Int64);
+    let idx = if index_type == DataType::Int64 { indices } else { cx.e.cast(&indices, DataType::Int64) };
+    // Negative indices count from the end of the axis.
+    let n = match shape[axis].fixed() {
+        Some(n) => cx.e.int_scalar(n as i64),
+        None => {
+            let full = cx.e.shape_of(data);
+            let at = cx.e.int_scalar(axis as i64);
+            cx.e.op("Gather", &[&full, &at], vec![("axis", Attribute::Int(0))])
+        }
+    };
+    let zero = cx.e.int_scalar(0);
+    let negative = cx.e.op("Less", &[&idx, &zero], vec![]);
+    let wrapped = cx.e.add(&idx, &n);
+    let idx = cx.e.op("Where", &[&negative, &wrapped, &idx], vec![]);
+    let positions = cx.e.unsqueeze(&idx, &[q as i64]);
+    // zeros as [axis, the other axes in order]; dY as [index axes, the other axes].
+    let front: Vec<usize> = std::iter::once(axis).chain((0..rank).filter(|&a| a != axis)).collect();
+    let zeros = zeros_shaped(cx, data, &front)?;
+    let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
+    let updates = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
+        dy.to_string()
+    } else {
+        cx.e.transpose(dy, &dy_front)
+    };
+    let grad =
+        cx.e.op("ScatterND", &[&zeros, &positions, &updates], vec![("reduction", Attribute::String(b"add".to_vec()))]);
+    if axis == 0 {
+        return Ok(grad);
+    }
+    // Back: axis `axis` of the result is axis 0 of the scatter.
+    let back: Vec<i64> = (0..rank).map(|a| if a < axis { a + 1 } else if a == axis { 0 } else { a } as i64).collect();
+    Ok(cx.e.transpose(&grad, &back))
+}
+
+/// Before opset 16: the gradient of an embedding lookup along axis 0 as one-hot rows
+/// times the output gradient.
+fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -> Result<String> {
     let shape = cx.fixed_shape(data)?;
-    if axis != 0 || shape.is_empty() {
-        return Err(cx.err("the gradient of Gather is implemented for axis 0 (embedding lookups)"));
+    if axis != 0 {
+        return Err(cx.err("before opset 16 the gradient of Gather is implemented for axis 0 (embedding lookups)"));
     }
     let rows = shape[0] as i64;
     let width: i64 = shape[1..].iter().product::<usize>() as i64;
@@ -188,17 +323,6 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     let flat = cx.e.op("Where", &[&negative, &wrapped, &flat], vec![]);
     let dy2 = cx.e.reshape(dy, &[-1, width]);
     let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    if cx.e.opset >= 16 {
-        // Rows of dY added into zeros at their indices (repeated indices add up).
-        let size = cx.e.ints(&[rows, width]);
-        let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
-        let zeros = cx.e.op("ConstantOfShape", &[&size], vec![("value", Attribute::Tensor(zero))]);
-        let positions = cx.e.unsqueeze(&flat, &[1]);
-        let grad =
-            cx.e.op("ScatterND", &[&zeros, &positions, &dy2], vec![("reduction", Attribute::String(b"add".to_vec()))]);
-        return Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) });
-    }
-    // Before opset 16 ScatterND cannot add: a one-hot matrix times dY.
     let one = cx.e.int_scalar(1);
     let range = cx.e.op("Range", &[&zero, &n, &one], vec![]);
     let column = cx.e.unsqueeze(&flat, &[1]);
@@ -207,4 +331,24 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     let onehot = cx.e.cast(&hit, float);
     let grad = cx.e.op("Gemm", &[&onehot, &dy2], vec![("transA", Attribute::Int(1))]);
     Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) })
+}
+
+/// The gradient of `GatherND` (`batch_dims` 0): dY added into zeros at the gathered index
+/// tuples, which is `ScatterND` with `reduction="add"` on the same indices.
+fn gather_nd_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
+    if cx.node.attr_int("batch_dims", 0)? != 0 {
+        return Err(cx.err("the gradient of GatherND is implemented for batch_dims = 0"));
+    }
+    if cx.e.opset < 16 {
+        return Err(cx.err("the gradient of GatherND needs opset 16 or later (ScatterND with reduction)"));
+    }
+    let indices = cx.x(1).to_string();
+    if let Some(t) = cx.types.constants.get(&indices)
+        && t.to_i64_vec().is_some_and(|v| v.iter().any(|&i| i < 0))
+    {
+        return Err(cx.err("the gradient of GatherND is implemented for non-negative indices"));
+    }
+    let rank = cx.shape(data)?.len();
+    let zeros = zeros_shaped(cx, data, &(0..rank).collect::<Vec<_>>())?;
+    Ok(cx.e.op("ScatterND", &[&zeros, &indices, dy], vec![("reduction", Attribute::String(b"add".to_vec()))]))
 }

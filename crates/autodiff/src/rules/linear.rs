@@ -71,8 +71,13 @@ fn matmul(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     if cx.need(1) {
         if sb.len() == 2 && sa.len() > 2 {
             // A weight shared across the batch: one GEMM over all rows instead of a batched product and a sum.
-            let k = sa[sa.len() - 1].fixed().ok_or_else(|| cx.err("the inner dimension must be known"))?;
-            let nn = sy[sy.len() - 1].fixed().ok_or_else(|| cx.err("the output width must be known"))?;
+            // The weight's shape gives both where inference lost A's or Y's last size.
+            let k = sa[sa.len() - 1]
+                .fixed()
+                .or(sb[0].fixed())
+                .ok_or_else(|| cx.err("the inner dimension must be known"))?;
+            let nn =
+                sy[sy.len() - 1].fixed().or(sb[1].fixed()).ok_or_else(|| cx.err("the output width must be known"))?;
             let a2 = cx.e.reshape(&a, &[-1, k as i64]);
             let d2 = cx.e.reshape(&dy, &[-1, nn as i64]);
             g[1] = Some(gemm_node(cx, &a2, &d2, true, false, 1.0));

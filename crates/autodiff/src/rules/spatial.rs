@@ -11,16 +11,17 @@
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
 //! - `MaxPool`: each kernel offset's strided slice of the input (padded with the lowest
-//!   value) is compared with Y; dY goes to every position equal to its window's maximum,
-//!   and one `ConvTranspose` with a one-hot kernel scatters it back. Tied positions all
-//!   receive the full gradient (PyTorch gives it to one of them). Non-overlapping windows
+//!   value) is compared with Y; dY goes to the first position (row-major in the window)
+//!   equal to its window's maximum, as in PyTorch, and one `ConvTranspose` with a one-hot
+//!   kernel scatters it back. Non-overlapping windows
 //!   (kernel = stride, no padding, no dilation) compare reshaped views instead, with no
 //!   slices. The `Indices` output is not used (tract's indices follow another convention
 //!   than ONNX's) and carries no gradient.
 //! - `AveragePool`: dY divided by each window's element count (known statically; with
 //!   `count_include_pad` the explicit padding counts, the `ceil_mode` overhang never does)
 //!   is scattered back by a `ConvTranspose` with a kernel of ones.
-//! - `GlobalAveragePool`: dY / (spatial size), expanded; `GlobalMaxPool`: dY where X = Y.
+//! - `GlobalAveragePool`: dY / (spatial size), expanded; `GlobalMaxPool`: dY at the first
+//!   position where X = Y.
 //!
 //! onnx.reference computes a grouped `ConvTranspose` correctly only with one input and one
 //! output channel per group, so that is the only grouped form emitted: the pooling
@@ -376,9 +377,12 @@ fn max_pool_windows(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geome
     let y1 = channels_to_batch(cx, y, &geo.output);
     let dy1 = channels_to_batch(cx, dy, &geo.output);
     let mask = cx.e.op("Equal", &[&cols, &y1], vec![]);
+    let k = geo.kernel_size();
+    let mut order_dims = vec![1, k];
+    order_dims.extend(std::iter::repeat_n(1, n));
+    let mask = first_max(cx, &mask, order_dims, (0..k).map(|j| j as f64).collect(), &[1]);
     let zero = cx.e.scalar(0.0);
     let routed = cx.e.op("Where", &[&mask, &dy1, &zero], vec![]);
-    let k = geo.kernel_size();
     let mut dims = vec![k, 1];
     dims.extend(&w.kernel);
     let mut one_hot = vec![0.0; k * k];
@@ -418,6 +422,14 @@ fn max_pool_tiled(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometr
     let yr = cx.e.reshape(y, &single);
     let dyr = cx.e.reshape(dy, &single);
     let mask = cx.e.op("Equal", &[&xr, &yr], vec![]);
+    // Row-major position inside the window, laid out on the kernel axes [.., 1, k₁, 1, k₂..].
+    let mut order_dims = vec![1, 1];
+    for &k in &w.kernel {
+        order_dims.extend([1, k]);
+    }
+    let order: Vec<f64> = (0..geo.kernel_size()).map(|j| j as f64).collect();
+    let window_axes: Vec<i64> = (0..n as i64).map(|a| 3 + 2 * a).collect();
+    let mask = first_max(cx, &mask, order_dims, order, &window_axes);
     let zero = cx.e.scalar(0.0);
     let routed = cx.e.op("Where", &[&mask, &dyr, &zero], vec![]);
     let routed = cx.e.reshape(&routed, &merged);
@@ -501,8 +513,40 @@ fn global_max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     }
     let dy = cx.dy()?;
     let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
-    let mask = cx.e.op("Equal", &[&x, &y], vec![]);
+    let shape = cx.shape(&x)?;
+    let spatial: Vec<usize> = shape[2..]
+        .iter()
+        .map(|d| d.fixed().ok_or_else(|| cx.err("GlobalMaxPool's spatial sizes must be known")))
+        .collect::<Result<_>>()?;
+    let size: usize = spatial.iter().product();
+    // [N, C, spatial...] as [N, C, S]: the first maximum in row-major order takes dY.
+    let xr = cx.e.reshape(&x, &[0, 0, size as i64]);
+    let yr = cx.e.reshape(&y, &[0, 0, 1]);
+    let mask = cx.e.op("Equal", &[&xr, &yr], vec![]);
+    let mask = first_max(cx, &mask, vec![1, 1, size], (0..size).map(|j| j as f64).collect(), &[2]);
     let zero = cx.e.scalar(0.0);
-    g[0] = Some(cx.e.op("Where", &[&mask, &dy, &zero], vec![]));
+    let dyr = cx.e.reshape(&dy, &[0, 0, 1]);
+    let routed = cx.e.op("Where", &[&mask, &dyr, &zero], vec![]);
+    g[0] = Some(cx.e.reshape_like(&routed, &x));
     Ok(g)
+}
+
+/// Of the positions of each window where `mask` holds (those equal to the window's
+/// maximum), keeps only the first in row-major order, as PyTorch's max-pool gradient
+/// does: with ties (spatially constant maps, as a 1×1 convolution of a pooled-to-one
+/// input makes) every tied position taking dY would multiply the gradient. `order` holds
+/// each window position's row-major index, laid out to broadcast against the mask; the
+/// smallest index where the mask holds is the first maximum.
+fn first_max(cx: &mut RuleCx<'_>, mask: &str, order_dims: Vec<usize>, order: Vec<f64>, window_axes: &[i64]) -> String {
+    let none = cx.e.scalar(order.len() as f64);
+    let order = cx.e.floats(order_dims, &order);
+    let keyed = cx.e.op("Where", &[mask, &order, &none], vec![]);
+    let keep = ("keepdims", Attribute::Int(1));
+    let first = if cx.e.opset >= 18 {
+        let axes = cx.e.ints(window_axes);
+        cx.e.op("ReduceMin", &[&keyed, &axes], vec![keep])
+    } else {
+        cx.e.op("ReduceMin", &[&keyed], vec![keep, ("axes", Attribute::Ints(window_axes.to_vec()))])
+    };
+    cx.e.op("Equal", &[&keyed, &first], vec![])
 }

@@ -25,6 +25,10 @@ const FOLDABLE: &[&str] = &[
     "Mul",
     "Div",
     "Neg",
+    "Mod",
+    "Abs",
+    "Floor",
+    "Ceil",
     "Sqrt",
     "Equal",
     "Less",
@@ -38,6 +42,7 @@ const FOLDABLE: &[&str] = &[
     "ConstantOfShape",
     "Range",
     "Expand",
+    "Transpose",
 ];
 
 /// Evaluates a node whose inputs are all known constants and whose outputs are small and
@@ -138,6 +143,23 @@ pub(super) fn evaluate(cx: &Cx<'_>, outputs: &Outputs) -> Result<Option<Vec<Tens
             }
             gather_elements(data, &picks, dims)?
         }
+        "Transpose" => {
+            let x = input(0);
+            let rank = x.dims().len();
+            let perm: Vec<usize> = match node.attr_ints("perm")? {
+                Some(p) => p.iter().map(|&a| cx.axis(a, rank)).collect::<Result<_>>()?,
+                None => (0..rank).rev().collect(),
+            };
+            let in_strides = strides(x.dims());
+            let total: usize = dims.iter().product();
+            let mut picks = Vec::with_capacity(total);
+            let mut index = vec![0usize; rank];
+            for _ in 0..total {
+                picks.push((0..rank).map(|a| index[a] * in_strides[perm[a]]).sum());
+                increment(&mut index, &dims);
+            }
+            gather_elements(x, &picks, dims)?
+        }
         "Expand" => {
             let x = input(0);
             let map = broadcast_index_map(x.dims(), &dims);
@@ -206,6 +228,8 @@ fn elementwise(cx: &Cx<'_>, present: &[usize], dtype: DataType, dims: Vec<usize>
     let n: usize = dims.iter().product();
     // Integer arithmetic stays exact in i64; everything else goes through f64.
     let integer = inputs.iter().all(|t| t.dtype().is_integer() || t.dtype() == DataType::Bool);
+    // Mod's sign follows the divisor unless `fmod` asks for C's fmod (the dividend's sign).
+    let fmod = op == "Mod" && cx.node.attr_int("fmod", 0)? != 0;
     if integer && op != "Sqrt" {
         let values: Vec<Vec<i64>> = inputs.iter().map(|t| t.to_i64_vec().unwrap_or_default()).collect();
         let at = |k: usize, e: usize| values[k][maps[k][e]];
@@ -222,7 +246,17 @@ fn elementwise(cx: &Cx<'_>, present: &[usize], dtype: DataType, dims: Vec<usize>
                     }
                     at(0, e).wrapping_div(d)
                 }
+                "Mod" => {
+                    let (a, d) = (at(0, e), at(1, e));
+                    if d == 0 {
+                        return Err(cx.err("integer modulo by zero in a constant"));
+                    }
+                    let r = a.wrapping_rem(d);
+                    if !fmod && r != 0 && (r < 0) != (d < 0) { r + d } else { r }
+                }
                 "Neg" => at(0, e).wrapping_neg(),
+                "Abs" => at(0, e).wrapping_abs(),
+                "Floor" | "Ceil" => at(0, e),
                 "Equal" => (at(0, e) == at(1, e)) as i64,
                 "Less" => (at(0, e) < at(1, e)) as i64,
                 "Greater" => (at(0, e) > at(1, e)) as i64,
@@ -252,7 +286,15 @@ fn elementwise(cx: &Cx<'_>, present: &[usize], dtype: DataType, dims: Vec<usize>
             "Sub" => at(0, e) - at(1, e),
             "Mul" => at(0, e) * at(1, e),
             "Div" => at(0, e) / at(1, e),
+            "Mod" => {
+                let (a, d) = (at(0, e), at(1, e));
+                let r = a % d;
+                if !fmod && r != 0.0 && (r < 0.0) != (d < 0.0) { r + d } else { r }
+            }
             "Neg" => -at(0, e),
+            "Abs" => at(0, e).abs(),
+            "Floor" => at(0, e).floor(),
+            "Ceil" => at(0, e).ceil(),
             "Sqrt" => at(0, e).sqrt(),
             "Equal" => (at(0, e) == at(1, e)) as i64 as f64,
             "Less" => (at(0, e) < at(1, e)) as i64 as f64,

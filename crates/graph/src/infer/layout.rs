@@ -144,6 +144,29 @@ pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
             out.extend_from_slice(&data[axis + 1..]);
             (dtype, out)
         }
+        "GatherND" => {
+            let (dtype, data) = cx.input(0)?;
+            let (index_type, indices) = cx.input(1)?;
+            if index_type != DataType::Int64 {
+                return Err(cx.err(format!("indices must be int64, got {index_type}")));
+            }
+            let batch = node.attr_int("batch_dims", 0)?;
+            let depth = indices
+                .last()
+                .and_then(Dim::fixed)
+                .ok_or_else(|| cx.err("the last axis of the indices (the index depth) must have a known size"))?;
+            if batch < 0 || indices.is_empty() || batch as usize + depth > data.len() || batch as usize >= indices.len()
+            {
+                return Err(cx.err(format!(
+                    "indices {} with batch_dims {batch} do not fit data {}",
+                    format_shape(&indices),
+                    format_shape(&data)
+                )));
+            }
+            let mut out = indices[..indices.len() - 1].to_vec();
+            out.extend_from_slice(&data[batch as usize + depth..]);
+            (dtype, out)
+        }
         "Unsqueeze" => {
             let (dtype, x) = cx.input(0)?;
             let axes = cx.axes(1, 13)?.ok_or_else(|| cx.err("axes are required"))?;

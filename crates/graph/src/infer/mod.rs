@@ -68,6 +68,12 @@ impl Inference {
 /// Constants seeded into evaluation are `Constant` nodes and non-float initializers;
 /// float initializers are parameters and are never folded into other values.
 pub fn infer(graph: &Graph, opset: i64) -> Result<Inference> {
+    infer_prefix(graph, graph.nodes.len(), opset)
+}
+
+/// [`infer`] over the first `count` nodes only (what an import phase that rewrites node
+/// `count` needs to know about its inputs).
+pub fn infer_prefix(graph: &Graph, count: usize, opset: i64) -> Result<Inference> {
     let mut inf = Inference::default();
     for v in graph.inputs.iter().chain(graph.initializer_inputs.iter()) {
         inf.types.insert(v.name.clone(), v.clone());
@@ -78,7 +84,7 @@ pub fn infer(graph: &Graph, opset: i64) -> Result<Inference> {
             inf.constants.insert(name.clone(), t.clone());
         }
     }
-    for node in &graph.nodes {
+    for node in &graph.nodes[..count.min(graph.nodes.len())] {
         infer_node(node, &mut inf, opset)?;
     }
     Ok(inf)

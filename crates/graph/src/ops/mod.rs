@@ -112,6 +112,7 @@ pub static OPS: &[OpSpec] = &[
     spec!("Expand", 2..=2, 1..=1, Layout),
     spec!("Flatten", 1..=1, 1..=1, Layout),
     spec!("Gather", 2..=2, 1..=1, Layout),
+    spec!("GatherND", 2..=2, 1..=1, Layout),
     spec!("Pad", 2..=4, 1..=1, Layout),
     spec!("Reshape", 2..=2, 1..=1, Layout),
     spec!("Slice", 3..=5, 1..=1, Layout),

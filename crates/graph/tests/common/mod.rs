@@ -1,5 +1,8 @@
 //! Small hand-built models for the graph crate's tests.
 
+// Each test file uses a different part of these helpers.
+#![allow(dead_code)]
+
 use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
 use edgefreeze_graph::{DataType, Tensor};
 

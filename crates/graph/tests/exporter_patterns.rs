@@ -1,0 +1,117 @@
+//! Patterns PyTorch's exporters write in training-mode exports, which the import must
+//! turn into what the rest of the toolchain understands.
+
+mod common;
+
+use common::*;
+use edgefreeze_graph::ir::{Attribute, Node};
+use edgefreeze_graph::prepare;
+
+#[test]
+fn integer_shape_arithmetic_folds_to_constants() {
+    // TorchScript's TransformerEncoderLayer: Slice ends = Reshape(Mod(Add(C, C), C)).
+    let nodes = vec![
+        scalar("a", 5),
+        scalar("b", 9),
+        scalar("m", 4),
+        Node::new("add", "Add", &["a", "b"], &["sum"]),
+        Node::new("mod", "Mod", &["sum", "m"], &["rem"]),
+        ints("shape", &[1]),
+        Node::new("reshape", "Reshape", &["rem", "shape"], &["end"]),
+        ints("start", &[0]),
+        ints("axes", &[1]),
+        Node::new("slice", "Slice", &["x", "start", "end", "axes"], &["y"]),
+    ];
+    let model = prepare(model(17, vec![input("x", "batch 6 3")], nodes, &["y"])).unwrap();
+    // (5 + 9) mod 4 = 2 elements of axis 1.
+    assert_eq!(shape_of(&model, "y"), "batch×2×3");
+    assert!(model.graph.nodes.iter().all(|n| n.op_type != "Mod"), "the Mod was folded");
+}
+
+#[test]
+fn mod_follows_the_divisor_sign_unless_fmod() {
+    let nodes = |fmod: i64| {
+        vec![
+            scalar("a", -7),
+            scalar("m", 3),
+            Node::new("mod", "Mod", &["a", "m"], &["rem"]).with_attr("fmod", Attribute::Int(fmod)),
+            // -7 mod 3 is 2 (Python's %), C's fmod gives -1: a Slice from the end shows which.
+            ints("shape", &[1]),
+            Node::new("reshape", "Reshape", &["rem", "shape"], &["end"]),
+            ints("start", &[0]),
+            ints("axes", &[1]),
+            Node::new("slice", "Slice", &["x", "start", "end", "axes"], &["y"]),
+        ]
+    };
+    let python = prepare(model(17, vec![input("x", "batch 6")], nodes(0), &["y"])).unwrap();
+    assert_eq!(shape_of(&python, "y"), "batch×2");
+    let c = prepare(model(17, vec![input("x", "batch 6")], nodes(1), &["y"])).unwrap();
+    assert_eq!(shape_of(&c, "y"), "batch×5");
+}
+
+#[test]
+fn pads_computed_through_a_transposed_constant_fold() {
+    // Swin's TorchScript export: pads = Cast(Reshape(Transpose(Slice(Reshape(...))))).
+    let nodes = vec![
+        ints("p", &[0, 0, 1, 2]),
+        ints("pair", &[-1, 2]),
+        Node::new("r", "Reshape", &["p", "pair"], &["p2"]),
+        Node::new("t", "Transpose", &["p2"], &["pt"]).with_attr("perm", Attribute::Ints(vec![1, 0])),
+        ints("flat", &[-1]),
+        Node::new("r2", "Reshape", &["pt", "flat"], &["pads64"]),
+        Node::new("cast", "Cast", &["pads64"], &["pads"]).with_attr("to", Attribute::Int(7)),
+        Node::new("pad", "Pad", &["x", "pads"], &["y"]),
+    ];
+    let model = prepare(model(17, vec![input("x", "batch 3")], nodes, &["y"])).unwrap();
+    // pads [[0, 0], [1, 2]]ᵀ = [0, 1, 0, 2]: axis 1 grows by 1 + 2.
+    assert_eq!(shape_of(&model, "y"), "batch×6");
+}
+
+fn chunked(split: Option<Node>, keepdims: i64, positions: &[i64]) -> edgefreeze_graph::Model {
+    let mut nodes = Vec::new();
+    let mut inputs = vec!["x"];
+    if let Some(s) = split {
+        nodes.push(s);
+        inputs.push("split");
+    }
+    nodes.push(
+        Node::new("chunk", "SplitToSequence", &inputs, &["seq"])
+            .with_attr("axis", Attribute::Int(1))
+            .with_attr("keepdims", Attribute::Int(keepdims)),
+    );
+    let mut outputs = Vec::new();
+    for (k, &p) in positions.iter().enumerate() {
+        nodes.push(scalar(&format!("pos{k}"), p));
+        nodes.push(Node::new(format!("at{k}"), "SequenceAt", &["seq", &format!("pos{k}")], &[&format!("item{k}")]));
+        outputs.push(format!("item{k}"));
+    }
+    let refs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+    prepare(model(17, vec![input("x", "batch 5 3")], nodes, &refs)).unwrap()
+}
+
+#[test]
+fn torch_chunk_sequences_become_a_split() {
+    // torch.chunk/split as dynamo exports them: a scalar chunk size, positions as constants.
+    let model = chunked(Some(scalar("split", 2)), 1, &[0, -1]);
+    assert!(model.graph.nodes.iter().all(|n| !n.op_type.starts_with("Sequence") && n.op_type != "SplitToSequence"));
+    assert_eq!(shape_of(&model, "item0"), "batch×2×3");
+    assert_eq!(shape_of(&model, "item1"), "batch×1×3", "the last chunk holds the remainder");
+    // Explicit sizes.
+    let model = chunked(Some(ints("split", &[1, 4])), 1, &[1]);
+    assert_eq!(shape_of(&model, "item0"), "batch×4×3");
+    // No split: size-1 pieces, squeezed when keepdims is 0.
+    let model = chunked(None, 0, &[3]);
+    assert_eq!(shape_of(&model, "item0"), "batch×3");
+}
+
+#[test]
+fn a_sequence_position_not_known_at_load_time_is_an_error_naming_the_node() {
+    let nodes = vec![
+        Node::new("chunk", "SplitToSequence", &["x"], &["seq"]).with_attr("axis", Attribute::Int(1)),
+        Node::new("at", "SequenceAt", &["seq", "where"], &["item"]),
+    ];
+    let mut inputs = vec![input("x", "batch 5 3")];
+    inputs.push(edgefreeze_graph::ValueInfo::new("where", edgefreeze_graph::DataType::Int64, vec![]));
+    let err = prepare(model(17, inputs, nodes, &["item"])).unwrap_err().to_string();
+    assert!(err.contains("\"at\"") && err.contains("position"), "{err}");
+}
