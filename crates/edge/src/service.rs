@@ -49,9 +49,8 @@ impl Core {
 
     fn session(&self, h: Option<&Header>, device: &str, call: &str) -> Result<Arc<Entry>, Status> {
         let h = header::required(h, call)?;
-        self.registry.get(&h.session_id, device).map_err(|status| {
+        self.registry.get(&h.session_id, device).inspect_err(|status| {
             self.log.line(format!("{call} of device {device}: {:?}: {}", status.code(), status.message()));
-            status
         })
     }
 }
