@@ -2,6 +2,7 @@
 
 mod bench;
 mod convert;
+mod edge;
 mod export;
 mod inspect;
 mod train;
@@ -28,6 +29,8 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Write an inference model with a checkpoint's trained weights.
     Export(export::ExportArgs),
+    /// Run an edge server for device–edge split training (or make a device token).
+    Edge(edge::EdgeArgs),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
     Bench(bench::BenchArgs),
 }
@@ -40,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(args) => train::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Edge(args) => edge::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
