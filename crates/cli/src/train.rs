@@ -10,7 +10,9 @@ use edgefreeze_train::control::Fixed;
 use edgefreeze_train::run::{
     check_writable, claim_numbered, free_run_folder, latest_run, next_numbered, resolve_run, runs_parent,
 };
-use edgefreeze_train::{Controller, ModelSource, Recipe, RunFolder, Schedule, TrainOptions, Trainer, preflight, prepare_run};
+use edgefreeze_train::{
+    Controller, ModelSource, Recipe, RunFolder, Schedule, TrainOptions, Trainer, preflight, prepare_run,
+};
 use std::path::{Path, PathBuf};
 
 /// Where new runs go without `--out`, and where `--resume` without a folder looks.

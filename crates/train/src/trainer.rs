@@ -97,7 +97,12 @@ impl Trainer {
 
     /// Opens a run just written from a [`crate::NewRun`] that passed [`preflight`], driven
     /// by `controller`, with the dataset the check opened (not read a second time).
-    pub fn start(dir: &Path, options: TrainOptions, checked: Checked, controller: Box<dyn Controller>) -> Result<Trainer> {
+    pub fn start(
+        dir: &Path,
+        options: TrainOptions,
+        checked: Checked,
+        controller: Box<dyn Controller>,
+    ) -> Result<Trainer> {
         Trainer::open_inner(dir, options, controller, Some(checked.data))
     }
 
