@@ -115,7 +115,7 @@ impl RunStore {
     /// Writes the state after `step` updates.
     pub fn write(&self, step: u64, state: &[(String, Value)]) -> Result<(), Status> {
         let checkpoint = Checkpoint {
-            info: CheckpointInfo { format: FORMAT.into(), epoch: 0, step, test_accuracy: None },
+            info: CheckpointInfo { format: FORMAT.into(), epoch: 0, step, test_accuracy: None, controller: None },
             state: state.to_vec(),
         };
         checkpoint.write(&self.path(step)).map_err(|e| Status::internal(format!("edge checkpoint: {e}")))
