@@ -20,6 +20,26 @@ pub struct TrainArgs {
     /// Run folder (default: runs/<model>-<data>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The recipe.
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
+    /// Freeze the first N layers.
+    #[arg(long, default_value_t = 0)]
+    pub freeze: usize,
+    /// The engine.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Draw loss and accuracy curves to this PNG after every epoch.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// No progress bar or per-epoch lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// What decides the numbers of a run (shared by `train` and `device train`).
+#[derive(Debug, clap::Args)]
+pub struct RecipeArgs {
     /// Epochs.
     #[arg(long, default_value_t = 10)]
     pub epochs: usize,
@@ -41,9 +61,6 @@ pub struct TrainArgs {
     /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
     #[arg(long, default_value = "cross-entropy")]
     pub loss: String,
-    /// Freeze the first N layers.
-    #[arg(long, default_value_t = 0)]
-    pub freeze: usize,
     /// Seed of the data order, augmentation and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -59,6 +76,33 @@ pub struct TrainArgs {
     /// Write a step record to metrics.jsonl every N updates.
     #[arg(long, default_value_t = 20)]
     pub log_every: u64,
+}
+
+impl RecipeArgs {
+    /// The recipe, with the learning rate `default_lr` where `--lr` is not given.
+    pub fn recipe(&self, default_lr: f64) -> Result<Recipe> {
+        let lr = self.lr.unwrap_or(default_lr);
+        let recipe = Recipe {
+            epochs: self.epochs,
+            batch: self.batch,
+            schedule: Schedule::parse(&self.schedule, lr, self.warmup).context("--schedule")?,
+            seed: self.seed,
+            augment: self.augment.clone(),
+            train_limit: self.limit,
+            test_limit: self.test_limit,
+            log_every: self.log_every,
+        };
+        recipe.augmentation().context("--augment")?;
+        if self.batch == 0 || self.epochs == 0 {
+            bail!("--batch and --epochs must be at least 1");
+        }
+        Ok(recipe)
+    }
+}
+
+/// Which engine runs the graphs (shared by the commands that train).
+#[derive(Debug, clap::Args)]
+pub struct EngineArgs {
     /// Engine: tract (pure Rust), ort:cpu, ort:cuda or ort:xnnpack.
     #[arg(long, default_value = "tract")]
     pub engine: String,
@@ -68,12 +112,13 @@ pub struct TrainArgs {
     /// The ONNX Runtime library (default: ORT_DYLIB_PATH, then the onnxruntime Python package).
     #[arg(long)]
     pub ort_lib: Option<PathBuf>,
-    /// Draw loss and accuracy curves to this PNG after every epoch.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// No progress bar or per-epoch lines.
-    #[arg(long)]
-    pub quiet: bool,
+}
+
+impl EngineArgs {
+    /// The engine and its settings.
+    pub fn settings(&self) -> Result<(EngineKind, EngineOptions)> {
+        engine_settings(&self.engine, self.threads, self.ort_lib.clone())
+    }
 }
 
 /// Engine settings from the shared flags.
@@ -89,7 +134,7 @@ pub fn engine_settings(
     Ok((kind, EngineOptions { threads, ort_library: ort_lib }))
 }
 
-fn default_out(model: &Path, data: &str) -> PathBuf {
+pub fn default_out(model: &Path, data: &str) -> PathBuf {
     let stem = model.file_stem().map_or("model".into(), |s| s.to_string_lossy().into_owned());
     let data: String = data.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
     PathBuf::from("runs").join(format!("{stem}-{data}"))
@@ -97,29 +142,12 @@ fn default_out(model: &Path, data: &str) -> PathBuf {
 
 /// Runs `train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let (engine, engine_options) = engine_settings(&args.engine, args.threads, args.ort_lib.clone())?;
+    let (engine, engine_options) = args.engine.settings()?;
     let dir = match (&args.resume, &args.model, &args.data) {
         (Some(dir), _, _) => dir.clone(),
         (None, Some(model), Some(data)) => {
-            let source = ModelSource::from_path(model, &args.loss, &args.optimizer, args.freeze);
-            let lr = match args.lr {
-                Some(lr) => lr,
-                None => source.default_learning_rate()?,
-            };
-            let recipe = Recipe {
-                epochs: args.epochs,
-                batch: args.batch,
-                schedule: Schedule::parse(&args.schedule, lr, args.warmup).context("--schedule")?,
-                seed: args.seed,
-                augment: args.augment.clone(),
-                train_limit: args.limit,
-                test_limit: args.test_limit,
-                log_every: args.log_every,
-            };
-            recipe.augmentation().context("--augment")?;
-            if args.batch == 0 || args.epochs == 0 {
-                bail!("--batch and --epochs must be at least 1");
-            }
+            let source = ModelSource::from_path(model, &args.recipe.loss, &args.recipe.optimizer, args.freeze);
+            let recipe = args.recipe.recipe(source.default_learning_rate()?)?;
             let dir = args.out.clone().unwrap_or_else(|| default_out(model, data));
             if !args.quiet {
                 eprintln!("converting {} into {}", model.display(), dir.display());

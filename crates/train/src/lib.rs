@@ -24,4 +24,7 @@ mod trainer;
 pub use error::{Result, TrainError};
 pub use run::{ModelSource, Recipe, RunSpec, create_run, open_run};
 pub use schedule::{Decay, Schedule};
-pub use trainer::{TrainOptions, TrainSummary, Trainer, subset};
+pub use trainer::{
+    TrainOptions, TrainSummary, Trainer, batch_values, check_fit, dropout_seed, evaluate, loss_and_correct,
+    model_label, open_data, progress_bar, subset,
+};

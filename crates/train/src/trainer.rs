@@ -355,37 +355,52 @@ impl Trainer {
     /// Mean loss and accuracy on the test split (or its first `test_limit` samples).
     pub fn evaluate(&mut self) -> Result<(f64, f64)> {
         let indices = self.test_indices();
-        let n = indices.len();
-        let options = LoaderOptions {
-            batch_size: self.spec.recipe.batch,
-            depth: self.options.prefetch.max(1),
-            ..LoaderOptions::default()
-        };
-        let loader = Loader::spawn(Arc::clone(&self.data.test), indices, options)?;
-        let (mut loss_sum, mut correct_sum) = (0.0, 0.0);
-        for batch in loader {
-            let len = batch.len();
-            let (input, labels) = batch_values(batch)?;
-            let outputs = self.workspace.run(self.eval_graph, &[(self.input.as_str(), &input), ("labels", &labels)])?;
-            let (loss, correct) = loss_and_correct(&outputs)?;
-            loss_sum += loss * len as f64;
-            correct_sum += correct;
-        }
-        Ok((loss_sum / n.max(1) as f64, correct_sum / n.max(1) as f64))
+        let (batch, prefetch) = (self.spec.recipe.batch, self.options.prefetch);
+        evaluate(self.workspace.as_mut(), self.eval_graph, &self.input, &self.data.test, indices, batch, prefetch)
     }
 
     fn progress_bar(&self, len: u64, prefix: &str) -> ProgressBar {
-        if !self.options.progress {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(len);
-        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_prefix(prefix.to_string());
-        bar
+        progress_bar(self.options.progress, len, prefix)
     }
+}
+
+/// Mean loss and accuracy of the eval graph `graph` (state from `workspace`, data input
+/// `input`) on the samples `indices`, in batches of `batch` built `prefetch` ahead.
+pub fn evaluate(
+    workspace: &mut dyn Workspace,
+    graph: GraphId,
+    input: &str,
+    samples: &Arc<Samples>,
+    indices: Vec<usize>,
+    batch: usize,
+    prefetch: usize,
+) -> Result<(f64, f64)> {
+    let n = indices.len();
+    let options = LoaderOptions { batch_size: batch, depth: prefetch.max(1), ..LoaderOptions::default() };
+    let loader = Loader::spawn(Arc::clone(samples), indices, options)?;
+    let (mut loss_sum, mut correct_sum) = (0.0, 0.0);
+    for batch in loader {
+        let len = batch.len();
+        let (input_value, labels) = batch_values(batch)?;
+        let outputs = workspace.run(graph, &[(input, &input_value), ("labels", &labels)])?;
+        let (loss, correct) = loss_and_correct(&outputs)?;
+        loss_sum += loss * len as f64;
+        correct_sum += correct;
+    }
+    Ok((loss_sum / n.max(1) as f64, correct_sum / n.max(1) as f64))
+}
+
+/// The progress bar of an epoch (`len` updates), or a hidden one when `show` is false.
+pub fn progress_bar(show: bool, len: u64, prefix: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(prefix.to_string());
+    bar
 }
 
 /// The samples of a split a run uses: all `n` in order, or `limit` of them drawn once
@@ -402,20 +417,21 @@ pub fn subset(n: usize, limit: Option<usize>, seed: u64) -> Vec<usize> {
     }
 }
 
-fn model_label(model: &str) -> String {
+/// A model's name for titles: its file stem.
+pub fn model_label(model: &str) -> String {
     Path::new(model).file_stem().map_or(model.to_string(), |s| s.to_string_lossy().into_owned())
 }
 
 /// A per-update dropout seed: a function of the run's seed and the update index, so a
 /// resumed run draws the same masks.
-fn dropout_seed(seed: u64, step: u64) -> i64 {
+pub fn dropout_seed(seed: u64, step: u64) -> i64 {
     let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     (z >> 33) as i64
 }
 
 /// A batch as engine values, taking its buffers.
-fn batch_values(batch: Batch) -> Result<(Value, Value)> {
+pub fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     let shape = IxDyn(&batch.shape);
     let bad = |e: ndarray::ShapeError| TrainError::Config(format!("batch of shape {:?}: {e}", batch.shape));
     let len = batch.indices.len();
@@ -427,7 +443,8 @@ fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     Ok((input, labels))
 }
 
-fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
+/// The `loss` and `correct` outputs of a run as numbers (no `correct` output: 0).
+pub fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
     let find = |name: &str| outputs.iter().find(|(n, _)| n == name).map(|(_, v)| v);
     let loss = find(LOSS).ok_or_else(|| TrainError::Config("the graph has no loss output".into()))?;
     let correct = match find(CORRECT) {
@@ -439,7 +456,7 @@ fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
 
 /// Opens the run's dataset; text datasets take their sequence length from the model's
 /// input and their vocabulary size from its embedding table.
-fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOptions) -> Result<Splits> {
+pub fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOptions) -> Result<Splits> {
     let mut open = OpenOptions { npm_prefix: options.npm_prefix.clone(), ..OpenOptions::default() };
     if let Some(input) = manifest.data_inputs.first()
         && input.dtype == "i64"
@@ -456,7 +473,7 @@ fn open_data(name: &str, graphs: &Path, manifest: &Manifest, options: &TrainOpti
 }
 
 /// Checks that samples have the shape the model's input takes and labels fit its classes.
-fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
+pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
     let input = &manifest.data_inputs[0];
     let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
     let have = data.train.sample_shape();
