@@ -188,11 +188,10 @@ fn draw(bars: &[Bar], title: &str, path: &Path) -> DrawResult {
         .disable_y_mesh()
         .y_labels(4)
         .y_label_formatter(&|y| {
-            let row = y.round() as usize;
-            Lane::ALL
-                .iter()
-                .find(|l| l.row() == row && (y - row as f64).abs() < 0.01)
-                .map_or(String::new(), |l| l.name().into())
+            // Lanes run top (device, y = 3) to bottom (downlink, y = 0).
+            let row = 3 - y.round() as i64;
+            let on_lane = (y - y.round()).abs() < 0.01;
+            Lane::ALL.iter().find(|l| on_lane && l.row() as i64 == row).map_or(String::new(), |l| l.name().into())
         })
         .x_desc("time (ms)")
         .draw()?;
@@ -280,5 +279,95 @@ mod tests {
             let down = bars.iter().find(|b| b.lane == Lane::Downlink && b.micro_batch == Some(2)).unwrap();
             assert_eq!((down.start_us, down.end_us), (142, 144));
         }
+    }
+
+    /// A simulated pipelined step: forwards of 2 ms, 1 ms transfers, edge steps of 3 ms,
+    /// backwards of 1.5 ms (in µs from 0), with the edge clock 40 ms ahead.
+    fn simulated(steps: u64, m: u32) -> Vec<StepTimes> {
+        let theta = 40_000;
+        let mut out = Vec::new();
+        let mut t = 1_000_000;
+        for step in 0..steps {
+            let mut times = StepTimes::default();
+            let mut edge_free = 0;
+            let mut device_free = t;
+            let mut replies = Vec::new();
+            for mb in 0..m {
+                let (f0, f1) = (device_free, device_free + 2000);
+                times.device.push(DeviceSpan {
+                    work: DeviceWork::Forward,
+                    step,
+                    micro_batch: Some(mb),
+                    start_us: f0,
+                    end_us: f1,
+                });
+                device_free = f1;
+                let arrive = f1 + 1000;
+                let start = arrive.max(edge_free);
+                edge_free = start + 3000;
+                replies.push((mb, f1, arrive, start, edge_free));
+            }
+            for (mb, sent, arrive, start, end) in replies {
+                let back = end + 1000;
+                let b0 = back.max(device_free);
+                device_free = b0 + 1500;
+                times.device.push(DeviceSpan {
+                    work: DeviceWork::Backward,
+                    step,
+                    micro_batch: Some(mb),
+                    start_us: b0,
+                    end_us: device_free,
+                });
+                times.exchanges.push(Exchange {
+                    step,
+                    micro_batch: mb,
+                    sent_us: sent,
+                    received_us: back,
+                    edge: EdgeTimes {
+                        received_us: arrive + theta,
+                        start_us: start + theta,
+                        end_us: end + theta,
+                        sent_us: end + theta,
+                    },
+                });
+            }
+            times.device.push(DeviceSpan {
+                work: DeviceWork::Apply,
+                step,
+                micro_batch: None,
+                start_us: device_free,
+                end_us: device_free + 500,
+            });
+            times.device.push(DeviceSpan {
+                work: DeviceWork::EdgeApply,
+                step,
+                micro_batch: None,
+                start_us: device_free + 500,
+                end_us: device_free + 1500,
+            });
+            t = device_free + 1500;
+            out.push(times);
+        }
+        out
+    }
+
+    #[test]
+    fn the_schedule_chart_is_drawn() {
+        if let Err(e) = edgefreeze_train::plot::ensure_font() {
+            assert!(std::env::var("EDGEFREEZE_REQUIRE_DATA").is_err(), "{e}");
+            eprintln!("skipping: {e}");
+            return;
+        }
+        let steps = simulated(3, 4);
+        assert_eq!(clock_offset(&steps), 40_000);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("schedule.png");
+        draw_schedule(&steps, "simulated: 3 steps of 4 micro-batches", &path).unwrap();
+        let png = std::fs::read(&path).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+        if let Ok(keep) = std::env::var("EDGEFREEZE_KEEP_PLOT") {
+            std::fs::copy(&path, keep).unwrap();
+        }
+        assert!(draw_schedule(&[], "empty", &path).unwrap_err().to_string().contains("no timestamps"));
     }
 }
