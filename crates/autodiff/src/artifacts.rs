@@ -5,12 +5,14 @@
 use crate::error::{AutodiffError, Result};
 use crate::loss::{LABELS, Loss};
 use crate::optim::Optimizer;
-use crate::training::{TrainingSpec, eval_graph, gradient_graph, split_parameters, state_name, training_step_graph};
+use crate::training::{
+    StepOptions, TrainingSpec, eval_graph, gradient_graph, split_parameters, state_name, step_graph,
+};
 use edgefreeze_graph::analysis::{Analysis, analyse};
 use edgefreeze_graph::ir::{Dim, Model, ValueInfo};
 use edgefreeze_graph::save::write_atomically;
 use edgefreeze_graph::{DataType, SaveOptions, Tensor, save_model};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 /// File names inside a converted folder.
@@ -56,17 +58,123 @@ pub struct GraphEntry {
     pub ops: Vec<(String, usize)>,
 }
 
+/// What a tensor of the training state is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A trainable parameter.
+    Parameter,
+    /// A parameter of a frozen layer: read, never updated.
+    Frozen,
+    /// Optimizer state of a trainable parameter (momentum, Adam moments).
+    Optimizer,
+    /// A BatchNorm running statistic.
+    Buffer,
+}
+
+impl Role {
+    /// The name used in manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Parameter => "parameter",
+            Role::Frozen => "frozen",
+            Role::Optimizer => "optimizer",
+            Role::Buffer => "buffer",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which machine holds a state tensor in a device/edge split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// The device (phone): the layers in front of the cut.
+    Device,
+    /// The edge server: the layers behind the cut.
+    Edge,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Device => "device",
+            Side::Edge => "edge",
+        })
+    }
+}
+
 /// A tensor of the training state.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StateEntry {
     /// Name (the graph input that takes it; its new value is output `updated.<name>`).
     pub name: String,
     /// Dimensions.
     pub shape: Vec<usize>,
-    /// `parameter`, `frozen`, `optimizer` or `buffer`.
-    pub role: String,
-    /// The layer whose parameter it is (or belongs to), when known.
+    /// What it is.
+    pub role: Role,
+    /// The layer whose parameter or running statistic it is (or whose parameter's
+    /// optimizer state), when known.
     pub layer: Option<usize>,
+    /// The machine that holds it, in a split manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side: Option<Side>,
+}
+
+/// Tensors with their names, in order.
+pub type NamedTensors = Vec<(String, Tensor)>;
+
+/// The layer of each parameter and running statistic of an analysis.
+pub fn layer_of(analysis: &Analysis, name: &str) -> Option<usize> {
+    analysis.layers.iter().position(|l| l.parameter_names.iter().chain(&l.buffer_names).any(|p| p == name))
+}
+
+/// The initial state of a set of tensors: each named tensor with its role, followed by
+/// the zero optimizer state of each [`Role::Parameter`] (in [`StateEntry`] order:
+/// parameters, optimizer state, then the rest as given).
+pub fn initial_state(
+    model: &Model,
+    analysis: &Analysis,
+    optimizer: &Optimizer,
+    tensors: &[(String, Role)],
+    side: Option<Side>,
+) -> Result<(Vec<StateEntry>, NamedTensors)> {
+    let initial = &model.graph.initializers;
+    let mut entries = Vec::new();
+    let mut state = Vec::new();
+    let mut push = |name: String, t: Tensor, role: Role, layer: Option<usize>| {
+        entries.push(StateEntry { name: name.clone(), shape: t.dims().to_vec(), role, layer, side });
+        state.push((name, t));
+    };
+    let get = |name: &str| {
+        initial.get(name).cloned().ok_or_else(|| AutodiffError::Parameter {
+            name: name.into(),
+            message: "no initializer has this name".into(),
+        })
+    };
+    let params: Vec<&String> = tensors.iter().filter(|(_, r)| *r == Role::Parameter).map(|(n, _)| n).collect();
+    for p in &params {
+        push((*p).clone(), get(p)?, Role::Parameter, layer_of(analysis, p));
+    }
+    for p in &params {
+        for prefix in optimizer.state_prefixes() {
+            let t = get(p)?;
+            let zeros = Tensor::from_f64_as(t.dtype(), t.dims().to_vec(), &vec![0.0; t.numel()])?;
+            push(state_name(prefix, p), zeros, Role::Optimizer, layer_of(analysis, p));
+        }
+    }
+    for (name, role) in tensors.iter().filter(|(_, r)| *r != Role::Parameter) {
+        if *role == Role::Optimizer {
+            return Err(AutodiffError::Config(format!("optimizer state {name:?} is made from its parameter")));
+        }
+        push(name.clone(), get(name)?, *role, layer_of(analysis, name));
+    }
+    Ok((entries, state))
 }
 
 /// The manifest of a converted model.
@@ -120,7 +228,8 @@ pub struct Artifacts {
     pub manifest: Manifest,
 }
 
-fn port(v: &ValueInfo) -> Port {
+/// The manifest entry of a value.
+pub fn port(v: &ValueInfo) -> Port {
     Port {
         name: v.name.clone(),
         dtype: v.dtype.map_or("?".into(), |d| d.to_string()),
@@ -140,7 +249,8 @@ fn port(v: &ValueInfo) -> Port {
     }
 }
 
-fn entry(file: &str, m: &Model) -> GraphEntry {
+/// The manifest entry of a graph written to `file`.
+pub fn graph_entry(file: &str, m: &Model) -> GraphEntry {
     let mut ops: std::collections::BTreeMap<String, usize> = Default::default();
     for n in &m.graph.nodes {
         *ops.entry(n.op_type.clone()).or_default() += 1;
@@ -165,6 +275,39 @@ pub fn parameters_of_leading_layers(analysis: &Analysis, layers: usize) -> Resul
     Ok(analysis.layers[..layers].iter().flat_map(|l| l.parameter_names.iter().cloned()).collect())
 }
 
+/// `spec` with the parameters of the first `layers` layers added to its frozen ones.
+fn with_leading_layers_frozen(analysis: &Analysis, spec: &TrainingSpec, layers: usize) -> Result<TrainingSpec> {
+    let mut spec = spec.clone();
+    let mut frozen: BTreeSet<String> = spec.frozen.iter().cloned().collect();
+    frozen.extend(parameters_of_leading_layers(analysis, layers)?);
+    spec.frozen = frozen.into_iter().collect();
+    Ok(spec)
+}
+
+/// Names of the nodes of the first `layers` layers (all nodes when `layers` is the count).
+pub fn nodes_of_leading_layers(model: &Model, analysis: &Analysis, layers: usize) -> HashSet<String> {
+    let layers = layers.min(analysis.layers.len());
+    analysis.layers[..layers].iter().flat_map(|l| l.nodes.iter().map(|&i| model.graph.nodes[i].name.clone())).collect()
+}
+
+/// The training step with the first `layers` layers frozen (the frozen-prefix step): they
+/// get no backward and no update; they run in inference mode (BatchNorm from running
+/// statistics, which it leaves as they are; Dropout off), so their output is a function
+/// of their input alone; and their parameters and statistics are graph inputs read from
+/// the state, so another depth needs no re-encoded weights.
+pub fn frozen_prefix_options(
+    model: &Model,
+    analysis: &Analysis,
+    spec: &TrainingSpec,
+    layers: usize,
+) -> Result<StepOptions> {
+    let spec = with_leading_layers_frozen(analysis, spec, layers)?;
+    let mut options = StepOptions::training(&spec);
+    options.frozen_as_inputs = true;
+    options.inference_nodes = nodes_of_leading_layers(model, analysis, layers);
+    Ok(options)
+}
+
 /// Builds every graph and the initial state. `describe` carries the loss and optimizer
 /// as the user wrote them, and the initial learning rate.
 pub fn convert(
@@ -175,38 +318,15 @@ pub fn convert(
     describe: (&str, &str, f64),
 ) -> Result<Artifacts> {
     let analysis = analyse(model)?;
-    let mut spec = spec.clone();
-    let mut frozen: BTreeSet<String> = spec.frozen.iter().cloned().collect();
-    frozen.extend(parameters_of_leading_layers(&analysis, frozen_layers)?);
-    spec.frozen = frozen.into_iter().collect();
-    let train_step = training_step_graph(model, &spec)?;
+    let train_step = step_graph(model, "train_step", &frozen_prefix_options(model, &analysis, spec, frozen_layers)?)?;
+    let spec = with_leading_layers_frozen(&analysis, spec, frozen_layers)?;
     let eval = eval_graph(model, &spec.loss)?;
     let gradient = gradient_graph(model, &spec.loss, &spec.frozen)?;
     let split = split_parameters(model, &spec.frozen)?;
-    let layer_of = |name: &str| analysis.layers.iter().position(|l| l.parameter_names.iter().any(|p| p == name));
-    let mut state = Vec::new();
-    let mut entries = Vec::new();
-    let mut push = |name: String, t: Tensor, role: &str, layer: Option<usize>, entries: &mut Vec<StateEntry>| {
-        entries.push(StateEntry { name: name.clone(), shape: t.dims().to_vec(), role: role.into(), layer });
-        state.push((name, t));
-    };
-    let initial = &model.graph.initializers;
-    for p in &split.trainable {
-        push(p.clone(), initial[p].clone(), "parameter", layer_of(p), &mut entries);
-    }
-    for p in &split.trainable {
-        for prefix in spec.optimizer.state_prefixes() {
-            let t = &initial[p];
-            let zeros = Tensor::from_f64_as(t.dtype(), t.dims().to_vec(), &vec![0.0; t.numel()])?;
-            push(state_name(prefix, p), zeros, "optimizer", layer_of(p), &mut entries);
-        }
-    }
-    for b in &split.buffers {
-        push(b.clone(), initial[b].clone(), "buffer", None, &mut entries);
-    }
-    for p in &split.frozen {
-        push(p.clone(), initial[p].clone(), "frozen", layer_of(p), &mut entries);
-    }
+    let mut tensors: Vec<(String, Role)> = split.trainable.iter().map(|p| (p.clone(), Role::Parameter)).collect();
+    tensors.extend(split.buffers.iter().map(|b| (b.clone(), Role::Buffer)));
+    tensors.extend(split.frozen.iter().map(|p| (p.clone(), Role::Frozen)));
+    let (entries, state) = initial_state(model, &analysis, &spec.optimizer, &tensors, None)?;
     let (loss, optimizer, learning_rate) = describe;
     let labels = train_step.graph.inputs.iter().find(|v| v.name == LABELS).map(port);
     let manifest = Manifest {
@@ -219,9 +339,9 @@ pub fn convert(
         frozen_layers,
         data_inputs: model.graph.inputs.iter().map(port).collect(),
         labels,
-        train_step: entry(files::TRAIN_STEP, &train_step),
-        eval: entry(files::EVAL, &eval),
-        gradient: entry(files::GRADIENT, &gradient),
+        train_step: graph_entry(files::TRAIN_STEP, &train_step),
+        eval: graph_entry(files::EVAL, &eval),
+        gradient: graph_entry(files::GRADIENT, &gradient),
         forward_nodes: model.graph.nodes.len(),
         state: entries,
         analysis: serde_json::to_value(&analysis).map_err(|e| AutodiffError::Config(e.to_string()))?,

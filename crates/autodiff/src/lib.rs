@@ -19,4 +19,7 @@ pub mod training_mode;
 pub use error::{AutodiffError, Result};
 pub use loss::Loss;
 pub use optim::Optimizer;
-pub use training::{TrainingSpec, eval_graph, gradient_graph, training_step_graph};
+pub use training::{
+    GRAD_SCALE, Objective, StepOptions, TrainingSpec, eval_graph, gradient_graph, step_graph, training_step_graph,
+    update_graph,
+};

@@ -6,7 +6,7 @@ use crate::error::{AutodiffError, Result};
 use crate::grad::backward;
 use crate::loss::{LABELS, Loss, emit_loss};
 use crate::optim::{LEARNING_RATE, Optimizer, STEP, emit_update};
-use crate::training_mode::{DROPOUT_SEED, batch_norm_inference, rewrite_for_training};
+use crate::training_mode::{DROPOUT_SEED, rewrite_for_inference, rewrite_for_training};
 use edgefreeze_graph::analysis::{buffer_names, parameter_names};
 use edgefreeze_graph::infer::{Inference, infer};
 use edgefreeze_graph::ir::{Dim, Graph, Model, Node, ValueInfo, fixed_shape};
@@ -29,9 +29,12 @@ pub const LOSS: &str = "loss";
 /// Name of the correct-prediction count output.
 pub const CORRECT: &str = "correct";
 
-/// Name of the gradient output of parameter `p`.
+/// Prefix of gradient outputs.
+pub const GRAD_PREFIX: &str = "grad.";
+
+/// Name of the gradient output of parameter (or input) `p`.
 pub fn grad_name(p: &str) -> String {
-    format!("grad.{p}")
+    format!("{GRAD_PREFIX}{p}")
 }
 
 /// Prefix of the outputs holding new values of inputs (parameters, state, buffers).
@@ -117,7 +120,7 @@ pub fn check_trainable(model: &Model, names: &[String]) -> Result<()> {
 }
 
 /// An emitter whose fresh names avoid every name of the model and of the graphs' interface.
-fn emitter_for(model: &Model, trainable: &[String]) -> Emitter {
+pub fn emitter_for(model: &Model, trainable: &[String]) -> Emitter {
     let graph = &model.graph;
     let taken: HashSet<String> = graph
         .nodes
@@ -176,30 +179,78 @@ fn labels_info(loss: &Loss, model: &Model, inference: &Inference) -> Result<Opti
     })
 }
 
-/// The forward pass in training mode, the loss and the backward pass, shared by the
-/// gradient and training-step graphs.
-struct Differentiated {
-    nodes: Vec<Node>,
-    grads: Vec<String>,
-    loss: String,
-    correct: Option<String>,
-    running_updates: Vec<(String, String)>,
-    extra_inputs: Vec<ValueInfo>,
-    emitter: Emitter,
+/// What the backward pass differentiates.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Objective {
+    /// A loss of the model's first output against [`LABELS`].
+    Loss(Loss),
+    /// The gradient of forward value `value` is fed as the graph input `gradient` (typed
+    /// like the value): the back part of a model cut in two, whose front part computed it.
+    Seed {
+        /// The forward value whose gradient is given.
+        value: String,
+        /// The graph input holding that gradient.
+        gradient: String,
+    },
 }
 
-fn differentiate(model: &Model, loss: &Loss, trainable: &[String]) -> Result<Differentiated> {
-    let graph = &model.graph;
-    let inference = infer(graph, model.opset())?;
-    let labels = labels_info(loss, model, &inference)?;
-    let mut e = emitter_for(model, trainable);
-    let forward = rewrite_for_training(&graph.nodes, &inference, &mut e)?;
-    let output = graph.outputs[0].name.clone();
-    let values = emit_loss(loss, &output, &mut e);
-    let mut nodes = forward.nodes;
-    nodes.append(&mut e.nodes);
+/// The forward pass in training mode, the objective and the backward pass, from which
+/// the gradient, training-step and partitioned graphs are assembled.
+pub struct Differentiated {
+    /// Forward, loss and backward nodes, in order.
+    pub nodes: Vec<Node>,
+    /// The gradient value of each name asked for, in order.
+    pub grads: Vec<String>,
+    /// The loss value (with a [`Objective::Loss`]).
+    pub loss: Option<String>,
+    /// The correct-prediction count (classification losses).
+    pub correct: Option<String>,
+    /// (running statistic, its updated value) of every BatchNormalization in training mode.
+    pub running_updates: Vec<(String, String)>,
+    /// Graph inputs the nodes read besides the model's: labels, dropout seed, seed gradient.
+    pub extra_inputs: Vec<ValueInfo>,
+    /// The emitter, for further nodes with fresh names.
+    pub emitter: Emitter,
+}
 
-    let mut extra_inputs: Vec<ValueInfo> = labels.into_iter().collect();
+/// Differentiates `objective` with respect to `wrt` (parameters, or any value of the
+/// model such as a graph input). Nodes named in `inference` run in inference mode (see
+/// [`rewrite_for_training`]); `reserved` names are never made fresh (names of the
+/// caller's graph interface).
+pub fn differentiate(
+    model: &Model,
+    objective: &Objective,
+    wrt: &[String],
+    inference: &HashSet<String>,
+    reserved: &[String],
+) -> Result<Differentiated> {
+    let graph = &model.graph;
+    let inference_types = infer(graph, model.opset())?;
+    let mut e = emitter_for(model, wrt);
+    for name in reserved {
+        e.reserve(name);
+    }
+    let forward = rewrite_for_training(&graph.nodes, &inference_types, &mut e, inference)?;
+    let mut nodes = forward.nodes;
+    let mut extra_inputs = Vec::new();
+    let (loss, correct, seed) = match objective {
+        Objective::Loss(loss) => {
+            extra_inputs.extend(labels_info(loss, model, &inference_types)?);
+            let output = graph.outputs[0].name.clone();
+            let values = emit_loss(loss, &output, &mut e);
+            nodes.append(&mut e.nodes);
+            (Some(values.loss), values.correct, values.seed)
+        }
+        Objective::Seed { value, gradient } => {
+            let (dtype, shape) = inference_types
+                .typed(value)
+                .map(|(d, s)| (d, s.clone()))
+                .ok_or_else(|| AutodiffError::Config(format!("seed value {value:?} has no known type")))?;
+            extra_inputs.push(ValueInfo::new(gradient.clone(), dtype, shape));
+            e.reserve(gradient);
+            (None, None, (value.clone(), gradient.clone()))
+        }
+    };
     if forward.uses_dropout_seed {
         extra_inputs.push(ValueInfo::new(DROPOUT_SEED, DataType::Int64, vec![]));
     }
@@ -208,27 +259,29 @@ fn differentiate(model: &Model, loss: &Loss, trainable: &[String]) -> Result<Dif
     typed.nodes = nodes.clone();
     typed.inputs.extend(extra_inputs.iter().cloned());
     let types = infer(&typed, model.opset())?;
-    let grads = backward(&nodes, &types, std::slice::from_ref(&values.seed), trainable, &mut e)?;
+    let grads = backward(&nodes, &types, std::slice::from_ref(&seed), wrt, &mut e)?;
     nodes.append(&mut e.nodes);
     Ok(Differentiated {
         nodes,
         grads,
-        loss: values.loss,
-        correct: values.correct,
+        loss,
+        correct,
         running_updates: forward.running_updates,
         extra_inputs,
         emitter: e,
     })
 }
 
-fn param_info(model: &Model, name: &str) -> ValueInfo {
+/// The graph input that takes initializer `name`, typed like it.
+pub fn param_info(model: &Model, name: &str) -> ValueInfo {
     let t = &model.graph.initializers[name];
     ValueInfo::new(name, t.dtype(), fixed_shape(t.dims()))
 }
 
 /// Builds a graph from nodes and an interface, renaming values to their output names,
-/// then merges common subexpressions, removes dead nodes and records types.
-fn assemble(
+/// then merges common subexpressions, removes dead nodes and records types. Initializers
+/// of `model` not in `moved_to_inputs` stay initializers where still used.
+pub fn assemble(
     model: &Model,
     name: &str,
     mut nodes: Vec<Node>,
@@ -301,62 +354,183 @@ fn assemble(
 /// (inputs, labels, trainable parameters) → (loss, gradient of every trainable parameter).
 pub fn gradient_graph(model: &Model, loss: &Loss, frozen: &[String]) -> Result<Model> {
     let split = split_parameters(model, frozen)?;
-    let d = differentiate(model, loss, &split.trainable)?;
+    let d = differentiate(model, &Objective::Loss(loss.clone()), &split.trainable, &HashSet::new(), &[])?;
     let mut inputs = model.graph.inputs.clone();
     inputs.extend(d.extra_inputs.iter().cloned());
     inputs.extend(split.trainable.iter().map(|p| param_info(model, p)));
-    let mut bindings = vec![(d.loss.clone(), LOSS.to_string())];
+    let mut bindings: Vec<(String, String)> = d.loss.iter().map(|l| (l.clone(), LOSS.to_string())).collect();
     bindings.extend(split.trainable.iter().zip(&d.grads).map(|(p, g)| (g.clone(), grad_name(p))));
     let moved: HashSet<String> = split.trainable.iter().cloned().collect();
     assemble(model, "gradient", d.nodes, inputs, bindings, &moved)
 }
 
-/// (inputs, labels, learning rate, step, parameters, optimizer state, running statistics)
-/// → (loss, correct predictions, updated parameters, updated state, updated statistics).
-pub fn training_step_graph(model: &Model, spec: &TrainingSpec) -> Result<Model> {
-    let split = split_parameters(model, &spec.frozen)?;
-    let mut d = differentiate(model, &spec.loss, &split.trainable)?;
-    let float = d.emitter.float;
-    let mut inputs = model.graph.inputs.clone();
-    inputs.extend(d.extra_inputs.iter().cloned());
-    inputs.push(ValueInfo::new(LEARNING_RATE, float, vec![]));
-    if spec.optimizer.uses_step() {
-        inputs.push(ValueInfo::new(STEP, DataType::Int64, vec![]));
+/// How [`step_graph`] builds a graph from a model.
+#[derive(Debug, Clone)]
+pub struct StepOptions {
+    /// What the backward pass differentiates.
+    pub objective: Objective,
+    /// With an optimizer the graph updates the trainable parameters (a training step);
+    /// without, it outputs `grad.<p>` of each instead (for gradient accumulation).
+    pub optimizer: Option<Optimizer>,
+    /// Parameters that get no gradient and no update.
+    pub frozen: Vec<String>,
+    /// Whether frozen parameters and the running statistics read by inference-mode
+    /// BatchNorms are graph inputs (taken from the engine state, so changing which layers
+    /// are frozen needs no re-encoding of weights) rather than initializers.
+    pub frozen_as_inputs: bool,
+    /// Nodes run in inference mode (BatchNorm from running statistics, Dropout off).
+    pub inference_nodes: HashSet<String>,
+    /// Graph inputs whose gradient is an output `grad.<input>` (the activation at a cut).
+    pub input_gradients: Vec<String>,
+    /// Further outputs: (value of the model, output name), such as probes.
+    pub extra_outputs: Vec<(String, String)>,
+}
+
+impl StepOptions {
+    /// The options of [`training_step_graph`].
+    pub fn training(spec: &TrainingSpec) -> StepOptions {
+        StepOptions {
+            objective: Objective::Loss(spec.loss.clone()),
+            optimizer: Some(spec.optimizer.clone()),
+            frozen: spec.frozen.clone(),
+            frozen_as_inputs: false,
+            inference_nodes: HashSet::new(),
+            input_gradients: Vec::new(),
+            extra_outputs: Vec::new(),
+        }
     }
-    let mut bindings = vec![(d.loss.clone(), LOSS.to_string())];
-    if let Some(c) = &d.correct {
-        bindings.push((c.clone(), CORRECT.to_string()));
-    }
-    let mut moved: HashSet<String> = HashSet::new();
+}
+
+/// The optimizer update of each parameter from its gradient value: adds the parameter and
+/// its state tensors to `inputs` and their new values to `bindings`.
+fn emit_updates(
+    model: &Model,
+    optimizer: &Optimizer,
+    params: &[String],
+    grads: &[String],
+    e: &mut Emitter,
+    inputs: &mut Vec<ValueInfo>,
+    bindings: &mut Vec<(String, String)>,
+) {
     let mut state_inputs = Vec::new();
-    let mut update_bindings = Vec::new();
     let mut state_bindings = Vec::new();
-    for (p, g) in split.trainable.iter().zip(&d.grads) {
+    for (p, g) in params.iter().zip(grads) {
         let info = param_info(model, p);
         inputs.push(info.clone());
-        moved.insert(p.clone());
-        let states: Vec<String> = spec.optimizer.state_prefixes().iter().map(|prefix| state_name(prefix, p)).collect();
+        let states: Vec<String> = optimizer.state_prefixes().iter().map(|prefix| state_name(prefix, p)).collect();
         for s in &states {
-            d.emitter.reserve(s);
+            e.reserve(s);
             state_inputs.push(ValueInfo { name: s.clone(), ..info.clone() });
         }
-        let (new_param, new_states) = emit_update(&spec.optimizer, p, g, &states, &mut d.emitter);
-        update_bindings.push((new_param, updated_name(p)));
+        let (new_param, new_states) = emit_update(optimizer, p, g, &states, e);
+        bindings.push((new_param, updated_name(p)));
         for (s, v) in states.iter().zip(new_states) {
             state_bindings.push((v, updated_name(s)));
         }
     }
     inputs.extend(state_inputs);
+    bindings.extend(state_bindings);
+}
+
+/// Builds a training-step or gradient-accumulation graph (see [`StepOptions`]):
+/// (inputs, labels or seed gradient, [learning rate, step], trainable parameters,
+/// [optimizer state], running statistics, [frozen parameters and statistics]) →
+/// (loss, correct, [`grad.<input>`, `grad.<p>`] or [updated parameters and state],
+/// updated statistics, extra outputs).
+pub fn step_graph(model: &Model, name: &str, options: &StepOptions) -> Result<Model> {
+    let split = split_parameters(model, &options.frozen)?;
+    let mut wrt = options.input_gradients.clone();
+    wrt.extend(split.trainable.iter().cloned());
+    let reserved: Vec<String> = options.extra_outputs.iter().map(|(_, o)| o.clone()).collect();
+    let mut d = differentiate(model, &options.objective, &wrt, &options.inference_nodes, &reserved)?;
+    let (input_grads, param_grads) = d.grads.split_at(options.input_gradients.len());
+    let float = d.emitter.float;
+    let mut inputs = model.graph.inputs.clone();
+    inputs.extend(d.extra_inputs.iter().cloned());
+    let mut bindings: Vec<(String, String)> = d.loss.iter().map(|l| (l.clone(), LOSS.to_string())).collect();
+    if let Some(c) = &d.correct {
+        bindings.push((c.clone(), CORRECT.to_string()));
+    }
+    let mut moved: HashSet<String> = split.trainable.iter().cloned().collect();
+    match &options.optimizer {
+        Some(optimizer) => {
+            inputs.push(ValueInfo::new(LEARNING_RATE, float, vec![]));
+            if optimizer.uses_step() {
+                inputs.push(ValueInfo::new(STEP, DataType::Int64, vec![]));
+            }
+            emit_updates(model, optimizer, &split.trainable, param_grads, &mut d.emitter, &mut inputs, &mut bindings);
+        }
+        None => {
+            for (input, g) in options.input_gradients.iter().zip(input_grads) {
+                bindings.push((g.clone(), grad_name(input)));
+            }
+            for (p, g) in split.trainable.iter().zip(param_grads) {
+                inputs.push(param_info(model, p));
+                bindings.push((g.clone(), grad_name(p)));
+            }
+        }
+    }
     for (buffer, updated) in &d.running_updates {
         inputs.push(param_info(model, buffer));
         moved.insert(buffer.clone());
-        state_bindings.push((updated.clone(), updated_name(buffer)));
+        bindings.push((updated.clone(), updated_name(buffer)));
     }
-    bindings.extend(update_bindings);
-    bindings.extend(state_bindings);
+    if options.frozen_as_inputs {
+        let rest = split.frozen.iter().chain(split.buffers.iter().filter(|b| !moved.contains(*b)));
+        let rest: Vec<String> = rest.cloned().collect();
+        for p in rest {
+            inputs.push(param_info(model, &p));
+            moved.insert(p);
+        }
+    }
+    bindings.extend(options.extra_outputs.iter().cloned());
     let mut nodes = d.nodes;
     nodes.append(&mut d.emitter.nodes);
-    assemble(model, "train_step", nodes, inputs, bindings, &moved)
+    assemble(model, name, nodes, inputs, bindings, &moved)
+}
+
+/// (inputs, labels, learning rate, step, parameters, optimizer state, running statistics)
+/// → (loss, correct predictions, updated parameters, updated state, updated statistics).
+pub fn training_step_graph(model: &Model, spec: &TrainingSpec) -> Result<Model> {
+    step_graph(model, "train_step", &StepOptions::training(spec))
+}
+
+/// Name of the scalar input of [`update_graph`] that multiplies accumulated gradients.
+pub const GRAD_SCALE: &str = "grad_scale";
+
+/// The optimizer alone: (learning rate, [step], `grad_scale`, parameters, optimizer
+/// state, `grad.<p>`) → (updated parameters, updated state), for the parameters `params`
+/// of `model`. The gradient used is `grad.<p> · grad_scale`: gradients summed over M
+/// micro-batches, each the gradient of its micro-batch's mean loss, with a scale of 1/M
+/// give the gradient of the whole batch's mean loss.
+pub fn update_graph(model: &Model, optimizer: &Optimizer, params: &[String]) -> Result<Model> {
+    check_trainable(model, params)?;
+    let mut e = emitter_for(model, params);
+    let float = e.float;
+    e.reserve(GRAD_SCALE);
+    let mut inputs = vec![ValueInfo::new(LEARNING_RATE, float, vec![])];
+    if optimizer.uses_step() {
+        inputs.push(ValueInfo::new(STEP, DataType::Int64, vec![]));
+    }
+    inputs.push(ValueInfo::new(GRAD_SCALE, float, vec![]));
+    let mut grad_inputs = Vec::new();
+    let mut scaled = Vec::new();
+    for p in params {
+        let g = grad_name(p);
+        e.reserve(&g);
+        grad_inputs.push(ValueInfo { name: g.clone(), ..param_info(model, p) });
+        e.set_prefix(&format!("scale/{p}"));
+        scaled.push(e.mul(&g, GRAD_SCALE));
+    }
+    e.set_prefix("");
+    let mut bindings = Vec::new();
+    emit_updates(model, optimizer, params, &scaled, &mut e, &mut inputs, &mut bindings);
+    inputs.extend(grad_inputs);
+    let moved: HashSet<String> = params.iter().cloned().collect();
+    let mut source = model.clone();
+    // Only the optimizer's own constants: no initializer of the model is read.
+    source.graph.initializers.retain(|k, _| moved.contains(k));
+    assemble(&source, "apply", e.nodes, inputs, bindings, &moved)
 }
 
 /// (inputs, labels, parameters, running statistics) → (loss, correct predictions, the
@@ -371,16 +545,12 @@ pub fn eval_graph(model: &Model, loss: &Loss) -> Result<Model> {
     let output = graph.outputs[0].name.clone();
     let mut nodes: Vec<Node> = Vec::with_capacity(graph.nodes.len());
     for n in &graph.nodes {
-        match n.op_type.as_str() {
-            "Dropout" => nodes.push(Node::new(n.name.clone(), "Identity", &[&n.inputs[0]], &[&n.outputs[0]])),
-            "BatchNormalization" => {
-                e.set_prefix(&n.name);
-                batch_norm_inference(n, &inference, &mut e)?;
-                e.set_prefix("");
-                nodes.append(&mut e.nodes);
-            }
-            _ => nodes.push(n.clone()),
+        e.set_prefix(&n.name);
+        if !rewrite_for_inference(n, &inference, &mut e)? {
+            nodes.push(n.clone());
         }
+        e.set_prefix("");
+        nodes.append(&mut e.nodes);
     }
     let values = emit_loss(loss, &output, &mut e);
     nodes.append(&mut e.nodes);

@@ -7,6 +7,7 @@ use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::infer::Inference;
 use edgefreeze_graph::ir::Node;
+use std::collections::HashSet;
 
 /// Name of the scalar int64 input that seeds dropout masks.
 pub const DROPOUT_SEED: &str = "dropout_seed";
@@ -21,20 +22,32 @@ pub struct TrainingForward {
     pub uses_dropout_seed: bool,
 }
 
-/// Rewrites forward nodes for training. `emitter` provides fresh names.
-pub fn rewrite_for_training(nodes: &[Node], types: &Inference, emitter: &mut Emitter) -> Result<TrainingForward> {
+/// Rewrites forward nodes for training. `emitter` provides fresh names. Nodes named in
+/// `inference` (frozen layers) run as in inference instead: BatchNormalization from its
+/// running statistics, which it does not update, and Dropout as the identity, so their
+/// outputs are a pure function of their inputs.
+pub fn rewrite_for_training(
+    nodes: &[Node],
+    types: &Inference,
+    emitter: &mut Emitter,
+    inference: &HashSet<String>,
+) -> Result<TrainingForward> {
     let mut out = Vec::with_capacity(nodes.len());
     let mut running_updates = Vec::new();
     let mut uses_dropout_seed = false;
-    for (index, node) in nodes.iter().enumerate() {
+    for node in nodes {
         emitter.set_prefix(&node.name);
+        if inference.contains(&node.name) && rewrite_for_inference(node, types, emitter)? {
+            out.append(&mut emitter.nodes);
+            continue;
+        }
         match node.op_type.as_str() {
             "BatchNormalization" => {
                 batch_norm(node, types, emitter, &mut running_updates)?;
             }
             "LayerNormalization" => layer_norm(node, types, emitter)?,
             "Dropout" => {
-                uses_dropout_seed |= dropout(node, index, emitter)?;
+                uses_dropout_seed |= dropout(node, emitter)?;
             }
             _ => {
                 emitter.set_prefix("");
@@ -115,6 +128,26 @@ fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec
     Ok(())
 }
 
+/// Emits the inference form of a node whose training and inference behaviour differ
+/// (BatchNormalization, Dropout) and returns true; returns false for every other node,
+/// which is the same in both modes.
+pub fn rewrite_for_inference(node: &Node, types: &Inference, e: &mut Emitter) -> Result<bool> {
+    match node.op_type.as_str() {
+        "Dropout" => {
+            let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
+            let x = node.input(0).ok_or_else(|| AutodiffError::node(node, "input 0 is missing"))?;
+            // The mask output, like the eval graphs always had it, is not produced.
+            e.op_into("Identity", &[x], &[y], vec![]);
+            Ok(true)
+        }
+        "BatchNormalization" => {
+            batch_norm_inference(node, types, e)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
 /// BatchNormalization in inference mode, spelled out in primitive ops:
 /// `(x - mean) / sqrt(var + eps) * scale + bias` with the running statistics. The eval
 /// graph takes the statistics as inputs, and engines such as tract only run a fused
@@ -158,9 +191,11 @@ fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
     Ok(())
 }
 
-/// A dropout mask from a counter-based integer hash of (seed, node, element index), in
-/// exact int64 arithmetic so every engine draws the same mask. Returns whether the seed is read.
-fn dropout(node: &Node, index: usize, e: &mut Emitter) -> Result<bool> {
+/// A dropout mask from a counter-based integer hash of (seed, node name, element index),
+/// in exact int64 arithmetic so every engine draws the same mask. Keyed by the node's
+/// name, not its position, so a graph cut into parts draws the masks the whole graph
+/// does. Returns whether the seed is read.
+fn dropout(node: &Node, e: &mut Emitter) -> Result<bool> {
     let x = node.input(0).unwrap_or_default().to_string();
     let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?.to_string();
     let ratio = match node.input(1) {
@@ -195,7 +230,7 @@ fn dropout(node: &Node, index: usize, e: &mut Emitter) -> Result<bool> {
     let seed = e.op("Mod", &[DROPOUT_SEED, &prime], vec![]);
     let seed_k = e.int_scalar(40_503);
     let seed_mixed = e.mul(&seed, &seed_k);
-    let salt = e.int_scalar(((index as i64 + 1) * 97_531) % PRIME);
+    let salt = e.int_scalar(name_hash(&node.name) % PRIME);
     let keyed = e.add(&seed_mixed, &salt);
     let mut h = e.add(&index_h, &keyed);
     for c in [12_345i64, 1_013_904_223, 362_436_069, 521_288_629] {
@@ -220,4 +255,10 @@ fn dropout(node: &Node, index: usize, e: &mut Emitter) -> Result<bool> {
         e.op_into("Identity", &[&kept], &[mask_out], vec![]);
     }
     Ok(true)
+}
+
+/// FNV-1a of a name, folded to a non-negative i64.
+fn name_hash(name: &str) -> i64 {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    (hash >> 1) as i64
 }

@@ -1,4 +1,5 @@
-//! `edgefreeze inspect`: the layer and cut table of a model.
+//! `edgefreeze inspect`: the layer and cut table of a model, or the graphs of a folder
+//! that `convert` wrote.
 
 use anyhow::{Context, Result};
 use edgefreeze_graph::ir::format_shape;
@@ -9,7 +10,7 @@ use std::path::PathBuf;
 /// Arguments of `edgefreeze inspect`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// The ONNX model to inspect.
+    /// The ONNX model to inspect, or a folder written by `convert` (lists its graphs).
     pub model: PathBuf,
     /// Print JSON for programs instead of a table.
     #[arg(long)]
@@ -18,6 +19,9 @@ pub struct InspectArgs {
 
 /// Runs `inspect`.
 pub fn run(args: &InspectArgs) -> Result<()> {
+    if args.model.is_dir() {
+        return list_graphs(args);
+    }
     let model = import(&args.model)?;
     let analysis = analyse(&model).with_context(|| format!("analysing {}", args.model.display()))?;
     let mut out = std::io::stdout().lock();
@@ -157,4 +161,77 @@ fn human_bytes(n: u64) -> String {
         1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
         _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
     }
+}
+
+/// One graph of a converted folder.
+#[derive(serde::Serialize)]
+struct GraphSummary {
+    file: String,
+    nodes: usize,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+}
+
+/// Lists every `.onnx` file of a converted folder with its interface.
+fn list_graphs(args: &InspectArgs) -> Result<()> {
+    let dir = &args.model;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("reading {}", dir.display()))?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "onnx"));
+    files.sort();
+    if files.is_empty() {
+        anyhow::bail!("{} holds no .onnx graphs", dir.display());
+    }
+    let mut graphs = Vec::new();
+    for path in &files {
+        let model = edgefreeze_graph::load_model(path)?;
+        let names = |v: &[edgefreeze_graph::ValueInfo]| v.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
+        graphs.push(GraphSummary {
+            file: path.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+            nodes: model.graph.nodes.len(),
+            inputs: names(&model.graph.inputs),
+            outputs: names(&model.graph.outputs),
+        });
+    }
+    // The state tensors the folder's manifests list, to tell them from the other inputs.
+    let mut state = std::collections::HashSet::new();
+    for manifest in [edgefreeze_autodiff::artifacts::files::MANIFEST, edgefreeze_rewrite::split::files::MANIFEST] {
+        let path = dir.join(manifest);
+        if let Ok(bytes) = std::fs::read(&path) {
+            let json: serde_json::Value =
+                serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
+            for entry in json["state"].as_array().into_iter().flatten() {
+                state.extend(entry["name"].as_str().map(String::from));
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &graphs)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "{}: {} graphs", dir.display(), graphs.len())?;
+    for g in &graphs {
+        // State makes input lists long: name the other inputs, count the state.
+        let (state, other): (Vec<&String>, Vec<&String>) = g.inputs.iter().partition(|i| state.contains(*i));
+        let other: Vec<&str> = other.iter().map(|s| s.as_str()).collect();
+        let (updated, results): (Vec<&String>, Vec<&String>) =
+            g.outputs.iter().partition(|o| o.starts_with("updated.") || o.starts_with("grad."));
+        let results: Vec<&str> = results.iter().map(|s| s.as_str()).collect();
+        writeln!(
+            out,
+            "{:<22} {:>6} nodes  in: {} + {} state  out: {} + {} updated/gradients",
+            g.file,
+            g.nodes,
+            other.join(", "),
+            state.len(),
+            results.join(", "),
+            updated.len()
+        )?;
+    }
+    Ok(())
 }

@@ -34,7 +34,9 @@ pub struct Layer {
     pub parameter_names: Vec<String>,
     /// Elements of those parameters.
     pub parameters: usize,
-    /// Elements of non-trainable buffers (BatchNorm running statistics) first used here.
+    /// Non-trainable buffers (BatchNorm running statistics) first used in this layer.
+    pub buffer_names: Vec<String>,
+    /// Elements of those buffers.
     pub buffers: usize,
     /// Forward FLOPs per sample.
     pub flops: u64,
@@ -155,6 +157,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
         let nodes: Vec<usize> = order[range.clone()].to_vec();
         let mut op_types: Vec<String> = Vec::new();
         let mut parameter_names = Vec::new();
+        let mut layer_buffers = Vec::new();
         let (mut parameters, mut buffer_elems, mut flops) = (0, 0, 0);
         for &i in &nodes {
             let node = &graph.nodes[i];
@@ -171,6 +174,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
                     parameter_names.push(input.clone());
                 } else if buffers.contains(input.as_str()) {
                     buffer_elems += t.numel();
+                    layer_buffers.push(input.clone());
                 }
             }
             if classes.data[i] {
@@ -193,6 +197,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
             op_types,
             parameter_names,
             parameters,
+            buffer_names: layer_buffers,
             buffers: buffer_elems,
             flops,
             output,
@@ -255,7 +260,7 @@ fn classify(graph: &Graph) -> Classes {
 }
 
 /// Inputs of which an op reads only the shape or element type, not the values.
-fn is_metadata_input(node: &Node, input: usize) -> bool {
+pub fn is_metadata_input(node: &Node, input: usize) -> bool {
     matches!((node.op_type.as_str(), input), ("Shape", 0) | ("CastLike", 1))
 }
 

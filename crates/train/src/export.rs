@@ -4,7 +4,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Result, TrainError};
 use crate::run::GRAPHS_DIR;
 use crate::tensors::tensor_from_value;
-use edgefreeze_autodiff::artifacts::files;
+use edgefreeze_autodiff::artifacts::{Role, files};
 use std::path::{Path, PathBuf};
 
 /// What `export` wrote.
@@ -35,7 +35,7 @@ pub fn export(checkpoint_path: &Path, out: &Path) -> Result<ExportSummary> {
     let manifest = crate::run::read_manifest(&graphs)?;
     let mut model = edgefreeze_graph::load_model(graphs.join(files::FORWARD))?;
     let mut replaced = 0;
-    for entry in manifest.state.iter().filter(|e| e.role != "optimizer") {
+    for entry in manifest.state.iter().filter(|e| e.role != Role::Optimizer) {
         let value = checkpoint.get(&entry.name).ok_or_else(|| TrainError::Checkpoint {
             path: checkpoint_path.into(),
             message: format!("has no tensor {:?} ({}), which the model needs", entry.name, entry.role),

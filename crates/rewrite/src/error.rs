@@ -1,0 +1,76 @@
+//! Typed errors of the rewrite crate.
+
+use edgefreeze_autodiff::AutodiffError;
+use edgefreeze_graph::GraphError;
+
+/// What can go wrong while cutting or rewriting a model.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    /// The model itself is invalid.
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    /// Building a training graph failed.
+    #[error(transparent)]
+    Autodiff(#[from] AutodiffError),
+    /// A cut index that is not a valid cut.
+    #[error("{cut} is not a valid cut: the valid cuts (after layer) are {}", format_list(.valid))]
+    Cut {
+        /// The cut asked for.
+        cut: usize,
+        /// The valid cuts.
+        valid: Vec<usize>,
+    },
+    /// More layers to freeze than the model has.
+    #[error("cannot freeze {asked} layers: the model has {layers}")]
+    FreezeDepth {
+        /// The number asked.
+        asked: usize,
+        /// The model's layer count.
+        layers: usize,
+    },
+    /// A probe at a layer the model does not have.
+    #[error("cannot probe layer {layer}: the model has {layers} layers (0..{layers})")]
+    Probe {
+        /// The layer asked.
+        layer: usize,
+        /// The model's layer count.
+        layers: usize,
+    },
+    /// A name the rewrite needs for its interface is already a value of the model.
+    #[error("the model already has a value named {0:?}, which the rewritten graphs need for their interface")]
+    NameTaken(String),
+    /// The part behind a cut reads more of the front than the one activation.
+    #[error("cut {cut}: node {node:?} behind the cut reads {value:?} of the front part, which cannot cross the cut")]
+    CrossesCut {
+        /// The cut.
+        cut: usize,
+        /// The node behind the cut.
+        node: String,
+        /// The value it reads.
+        value: String,
+    },
+    /// A trainable tensor read on both sides of a cut.
+    #[error("cut {cut}: parameter {name:?} is read on both sides of the cut, which cannot train it as one tensor")]
+    SharedParameter {
+        /// The cut.
+        cut: usize,
+        /// The parameter.
+        name: String,
+    },
+    /// A value asked for as an output is not computed by the model.
+    #[error("no node computes {0:?}")]
+    NoValue(String),
+    /// Writing graphs or the manifest failed.
+    #[error("{0}")]
+    Write(String),
+}
+
+fn format_list(values: &[usize]) -> String {
+    if values.is_empty() {
+        return "none (the model has one layer)".into();
+    }
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Result alias of the rewrite crate.
+pub type Result<T, E = RewriteError> = std::result::Result<T, E>;

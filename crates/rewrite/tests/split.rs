@@ -1,0 +1,356 @@
+//! The device/edge split against unsplit training: device forward → edge step → device
+//! backward → the two apply graphs, in sequence, give the parameters, optimizer state,
+//! running statistics and loss of the unsplit step, for every bundled model at two cuts,
+//! with one micro-batch and with two accumulated, on ONNX Runtime and tract.
+
+mod common;
+
+use common::{batch_of, bundled, distance, engines, floats, model, run, state_of};
+use edgefreeze_autodiff::artifacts::{Role, Side};
+use edgefreeze_autodiff::{Loss, Objective, Optimizer, StepOptions, step_graph, update_graph};
+use edgefreeze_engine::{EngineKind, Value};
+use edgefreeze_graph::{Model, analyse};
+use edgefreeze_rewrite::{
+    ACTIVATION, GraphRole, STASH_PREFIX, SplitGraphs, SplitOptions, StepSpec, frozen_prefix_step, grad_activation_name,
+    split,
+};
+use ndarray::{ArrayD, IxDyn};
+use std::collections::{HashMap, HashSet};
+
+/// Relative agreement of the split and the unsplit step. Both run the same f32 operations
+/// on the same values; they differ where a sum is taken in another order: an engine
+/// ordering a reduction differently in another graph, and accumulated micro-batch
+/// gradients summed in f64 here instead of inside one f32 reduction over the batch.
+/// Each moves a result by about 2⁻²⁴ ≈ 6·10⁻⁸ times the square root of the reduction
+/// length (≤ 6272: batch 8 at 28×28): ≈ 5·10⁻⁶; the bound allows a factor of 4 over that.
+const SAME_OPS: f64 = 2e-5;
+
+fn spec() -> StepSpec {
+    StepSpec {
+        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 },
+    }
+}
+
+fn names(m: &Model, inputs: bool) -> Vec<String> {
+    let ports = if inputs { &m.graph.inputs } else { &m.graph.outputs };
+    ports.iter().map(|v| v.name.clone()).collect()
+}
+
+fn f32s(shape: &[usize], values: &[f64]) -> Value {
+    Value::F32(ArrayD::from_shape_vec(IxDyn(shape), values.iter().map(|&v| v as f32).collect()).unwrap())
+}
+
+/// Adds `outputs` named `grad.<p>` into `sums`.
+fn accumulate(sums: &mut HashMap<String, (Vec<usize>, Vec<f64>)>, outputs: &HashMap<String, Value>) {
+    for (name, v) in outputs.iter().filter(|(n, _)| n.starts_with("grad.") && **n != grad_activation_name()) {
+        let entry =
+            sums.entry(name.clone()).or_insert_with(|| (v.shape().to_vec(), vec![0.0; v.shape().iter().product()]));
+        for (s, x) in entry.1.iter_mut().zip(floats(v)) {
+            *s += x;
+        }
+    }
+}
+
+/// Moves every `updated.<s>` output into the state as `s`.
+fn absorb(state: &mut HashMap<String, Value>, outputs: &HashMap<String, Value>) {
+    for (name, v) in outputs {
+        if let Some(s) = name.strip_prefix("updated.") {
+            state.insert(s.to_string(), v.clone());
+        }
+    }
+}
+
+fn with_grads(
+    state: &HashMap<String, Value>,
+    sums: &HashMap<String, (Vec<usize>, Vec<f64>)>,
+    m: usize,
+) -> HashMap<String, Value> {
+    let mut given = state.clone();
+    for (name, (shape, values)) in sums {
+        given.insert(name.clone(), f32s(shape, values));
+    }
+    given.insert("grad_scale".into(), Value::scalar_f32(1.0 / m as f32));
+    given
+}
+
+/// One pipelined step of the split set over `m` micro-batches of `b` samples: returns the
+/// new state and the micro-batch losses.
+fn split_step(
+    kind: &EngineKind,
+    set: &SplitGraphs,
+    model: &Model,
+    state: &HashMap<String, Value>,
+    m: usize,
+    b: usize,
+) -> (HashMap<String, Value>, Vec<f64>) {
+    let mut state = state.clone();
+    let mut sums = HashMap::new();
+    let mut losses = Vec::new();
+    for i in 0..m {
+        let batch = batch_of(model, i * b, b);
+        let mut given = state.clone();
+        given.extend(batch.clone());
+        let forward = run(kind, &set.device_forward, &given);
+        absorb(&mut state, &forward);
+        let mut given = state.clone();
+        given.insert(ACTIVATION.into(), forward[ACTIVATION].clone());
+        given.insert("labels".into(), batch["labels"].clone());
+        let edge = run(kind, &set.edge_step, &given);
+        absorb(&mut state, &edge);
+        accumulate(&mut sums, &edge);
+        losses.push(floats(&edge["loss"])[0]);
+        if let Some(backward) = &set.device_backward {
+            let mut given = state.clone();
+            given.extend(batch);
+            given.extend(
+                forward.iter().filter(|(n, _)| n.starts_with(STASH_PREFIX)).map(|(n, v)| (n.clone(), v.clone())),
+            );
+            given.insert(grad_activation_name(), edge[&grad_activation_name()].clone());
+            accumulate(&mut sums, &run(kind, backward, &given));
+        } else {
+            assert!(!edge.contains_key(&grad_activation_name()), "a frozen device gets no gradient");
+        }
+    }
+    let given = with_grads(&state, &sums, m);
+    let mut updates = run(kind, &set.edge_apply, &given);
+    if let Some(apply) = &set.device_apply {
+        updates.extend(run(kind, apply, &given));
+    }
+    absorb(&mut state, &updates);
+    (state, losses)
+}
+
+/// Local training on the same micro-batches: the unsplit model's gradients (and running
+/// statistics) per micro-batch, summed, then the unsplit optimizer.
+fn local_step(
+    kind: &EngineKind,
+    model: &Model,
+    state: &HashMap<String, Value>,
+    m: usize,
+    b: usize,
+) -> (HashMap<String, Value>, Vec<f64>) {
+    let options = StepOptions {
+        objective: Objective::Loss(spec().loss),
+        optimizer: None,
+        frozen: vec![],
+        frozen_as_inputs: true,
+        inference_nodes: HashSet::new(),
+        input_gradients: vec![],
+        extra_outputs: vec![],
+    };
+    let grads = step_graph(model, "local_gradients", &options).unwrap();
+    let params = edgefreeze_autodiff::training::split_parameters(model, &[]).unwrap().trainable;
+    let apply = update_graph(model, &spec().optimizer, &params).unwrap();
+    let mut state = state.clone();
+    let mut sums = HashMap::new();
+    let mut losses = Vec::new();
+    for i in 0..m {
+        let mut given = state.clone();
+        given.extend(batch_of(model, i * b, b));
+        let out = run(kind, &grads, &given);
+        absorb(&mut state, &out);
+        accumulate(&mut sums, &out);
+        losses.push(floats(&out["loss"])[0]);
+    }
+    let out = run(kind, &apply, &with_grads(&state, &sums, m));
+    absorb(&mut state, &out);
+    (state, losses)
+}
+
+/// Checks every named state tensor; returns the largest relative difference seen.
+fn compare(what: &str, got: &HashMap<String, Value>, expected: &HashMap<String, Value>, names: &[String]) -> f64 {
+    let mut worst: f64 = 0.0;
+    for name in names {
+        let (diff, norm) = distance(&floats(&got[name]), &floats(&expected[name]));
+        assert!(diff <= SAME_OPS * norm + 1e-7, "{what}: {name} differs by {diff:.3e} (norm {norm:.3e})");
+        if norm > 0.0 {
+            worst = worst.max(diff / norm);
+        }
+    }
+    worst
+}
+
+fn has_batch_norm(m: &Model) -> bool {
+    m.graph.nodes.iter().any(|n| n.op_type == "BatchNormalization")
+}
+
+/// The first and a middle valid cut.
+fn two_cuts(m: &Model) -> Vec<usize> {
+    let cuts: Vec<usize> = analyse(m).unwrap().cuts.iter().map(|c| c.after_layer).collect();
+    assert!(cuts.len() >= 2, "needs two cuts, has {cuts:?}");
+    vec![cuts[0], cuts[cuts.len() / 2]]
+}
+
+fn check_model(file: &str) {
+    let m = model(file);
+    let state = state_of(&m);
+    let state_names: Vec<String> = {
+        let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
+        names(&unsplit, false).iter().filter_map(|o| o.strip_prefix("updated.").map(String::from)).collect()
+    };
+    let unsplit = frozen_prefix_step(&m, &spec(), 0, &[]).unwrap();
+    // The references do not depend on the cut: one unsplit step on a batch of 4, and
+    // local training on two micro-batches of 2, per engine.
+    let references: Vec<_> = engines()
+        .into_iter()
+        .map(|(engine, kind)| {
+            let mut given = state.clone();
+            given.extend(batch_of(&m, 0, 4));
+            let expected = run(&kind, &unsplit, &given);
+            let mut whole = state.clone();
+            absorb(&mut whole, &expected);
+            let loss = floats(&expected["loss"]);
+            let local = local_step(&kind, &m, &state, 2, 2);
+            (engine, kind, whole, loss, local)
+        })
+        .collect();
+    let mut worst: f64 = 0.0;
+    for cut in two_cuts(&m) {
+        for recompute in [false, true] {
+            let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: false, recompute }).unwrap();
+            let stash: Vec<String> =
+                names(&set.device_forward, false).into_iter().filter(|n| n.starts_with(STASH_PREFIX)).collect();
+            assert_eq!(stash.is_empty(), recompute, "{file} cut {cut}: stash {stash:?}");
+            for (engine, kind, whole, whole_loss, (local, local_losses)) in &references {
+                let what = format!("{file} cut {cut} recompute {recompute} on {engine}");
+                // One micro-batch: the unsplit training step.
+                let (got, losses) = split_step(kind, &set, &m, &state, 1, 4);
+                let (diff, norm) = distance(&losses, whole_loss);
+                assert!(diff <= SAME_OPS * norm, "{what}: loss {losses:?} vs {whole_loss:?}");
+                worst = worst.max(compare(&format!("{what}, M=1"), &got, whole, &state_names));
+                // Two micro-batches of 2, accumulated.
+                let (got, losses) = split_step(kind, &set, &m, &state, 2, 2);
+                let (diff, norm) = distance(&losses, local_losses);
+                assert!(diff <= SAME_OPS * norm, "{what}: losses {losses:?} vs {local_losses:?}");
+                worst =
+                    worst.max(compare(&format!("{what}, M=2 against local micro-batches"), &got, local, &state_names));
+                if !has_batch_norm(&m) {
+                    // Without BatchNorm, micro-batching changes nothing: the unsplit step
+                    // on the whole batch of 4.
+                    worst =
+                        worst.max(compare(&format!("{what}, M=2 against the whole batch"), &got, whole, &state_names));
+                    let mean = losses.iter().sum::<f64>() / 2.0;
+                    assert!(
+                        (mean - whole_loss[0]).abs() <= SAME_OPS * whole_loss[0].abs(),
+                        "{what}: {mean} vs {whole_loss:?}"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("{file}: largest relative difference {worst:.2e} (bound {SAME_OPS:.0e})");
+}
+
+macro_rules! split_tests {
+    ($($name:ident => $file:expr),* $(,)?) => {
+        $(#[test] fn $name() { check_model($file); })*
+
+        #[test]
+        fn every_bundled_model_has_a_split_test() {
+            let tested: Vec<&str> = vec![$($file),*];
+            for file in bundled() {
+                assert!(tested.contains(&file.as_str()), "{file} has no split test");
+            }
+        }
+    };
+}
+
+split_tests! {
+    split_kws_m5 => "kws_m5.onnx",
+    split_lenet5 => "lenet5.onnx",
+    split_lenet5_dynamo => "lenet5_dynamo.onnx",
+    split_mlp => "mlp.onnx",
+    split_mlp_external => "mlp_external.onnx",
+    split_mobilenetv2_05 => "mobilenetv2_05.onnx",
+    split_resnet20_28 => "resnet20_28.onnx",
+    split_resnet20_28_dynamo => "resnet20_28_dynamo.onnx",
+    split_resnet20_32 => "resnet20_32.onnx",
+    split_transformer_text => "transformer_text.onnx",
+    split_transformer_text_dynamo => "transformer_text_dynamo.onnx",
+}
+
+#[test]
+fn the_freeze_aware_split_is_the_frozen_prefix_step() {
+    for file in ["resnet20_28.onnx", "transformer_text.onnx"] {
+        let m = model(file);
+        let state = state_of(&m);
+        for cut in two_cuts(&m) {
+            let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: true, recompute: false }).unwrap();
+            assert!(set.device_backward.is_none() && set.device_apply.is_none());
+            assert!(!names(&set.edge_step, false).contains(&grad_activation_name()));
+            assert_eq!(set.manifest.bytes_per_sample_down, 0);
+            assert!(
+                set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)).all(|e| e.role != Role::Parameter)
+            );
+            let frozen = frozen_prefix_step(&m, &spec(), cut + 1, &[]).unwrap();
+            for (engine, kind) in engines() {
+                let mut given = state.clone();
+                given.extend(batch_of(&m, 0, 4));
+                let mut reference = state.clone();
+                let expected = run(&kind, &frozen, &given);
+                absorb(&mut reference, &expected);
+                let (got, losses) = split_step(&kind, &set, &m, &state, 1, 4);
+                let what = format!("{file} cut {cut} frozen on {engine}");
+                let (diff, norm) = distance(&losses, &floats(&expected["loss"]));
+                assert!(diff <= SAME_OPS * norm, "{what}: loss");
+                let updated: Vec<String> =
+                    names(&frozen, false).iter().filter_map(|o| o.strip_prefix("updated.").map(String::from)).collect();
+                compare(&what, &got, &reference, &updated);
+                // The device's state is untouched.
+                for e in set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)) {
+                    assert_eq!(floats(&got[&e.name]), floats(&state[&e.name]), "{what}: {}", e.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_manifest_places_every_state_tensor_and_counts_the_bytes_that_cross() {
+    let m = model("resnet20_28.onnx");
+    let analysis = analyse(&m).unwrap();
+    let cut = 3;
+    let set = split(&m, cut, &spec(), SplitOptions::default()).unwrap();
+    let manifest = &set.manifest;
+    let c = analysis.cuts.iter().find(|c| c.after_layer == cut).unwrap();
+    assert_eq!(manifest.bytes_per_sample_up, c.bytes_per_sample + 8, "activation plus an int64 label");
+    assert_eq!(manifest.bytes_per_sample_down, c.bytes_per_sample);
+    let roles: Vec<GraphRole> = manifest.graphs.iter().map(|g| g.role).collect();
+    assert_eq!(
+        roles,
+        [
+            GraphRole::DeviceForward,
+            GraphRole::EdgeStep,
+            GraphRole::DeviceBackward,
+            GraphRole::EdgeApply,
+            GraphRole::DeviceApply
+        ]
+    );
+    for e in &manifest.state {
+        let layer = e.layer.unwrap_or_else(|| panic!("{} has no layer", e.name));
+        let side = if layer <= cut { Side::Device } else { Side::Edge };
+        assert_eq!(e.side, Some(side), "{}", e.name);
+    }
+    // Every graph input that is state is in the manifest, on the graph's side.
+    for (role, graph) in set.graphs() {
+        for input in names(graph, true) {
+            if let Some(e) = manifest.state.iter().find(|e| e.name == input) {
+                assert_eq!(e.side, Some(role.side()), "{input} read by {role:?}");
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    set.write(dir.path()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("split.json")).unwrap()).unwrap();
+    assert_eq!(json["cut"], cut);
+    assert_eq!(json["graphs"][0]["role"], "device_forward");
+    assert_eq!(json["state"][0]["side"], "device");
+    for g in json["graphs"].as_array().unwrap() {
+        assert!(dir.path().join(g["file"].as_str().unwrap()).is_file());
+    }
+    let state = std::fs::read(dir.path().join("split_state.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&state).unwrap();
+    assert_eq!(tensors.len(), manifest.state.len());
+}

@@ -1,0 +1,54 @@
+//! Every graph the rewrites emit, for every bundled model, is standard ONNX: the default
+//! `ai.onnx` domain only, and `onnx.checker` with `full_check` passes.
+
+use edgefreeze_autodiff::{Loss, Optimizer};
+use edgefreeze_graph::{Model, analyse, import, save_model};
+use edgefreeze_rewrite::{SplitOptions, StepSpec, cached_pair, frozen_prefix_step, split};
+use edgefreeze_tests::{python_onnx, run_python, sidecars};
+use std::path::{Path, PathBuf};
+
+#[test]
+fn every_rewritten_graph_is_standard_onnx_and_passes_the_checker() {
+    let spec = StepSpec {
+        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        optimizer: Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut files: Vec<PathBuf> = Vec::new();
+    for s in sidecars() {
+        let model = import(&s.path).unwrap();
+        let stem = s.path.file_stem().unwrap().to_string_lossy().to_string();
+        let analysis = analyse(&model).unwrap();
+        let cut = analysis.cuts[analysis.cuts.len() / 2].after_layer;
+        let probes: Vec<usize> = (0..analysis.layers.len()).collect();
+        let mut graphs: Vec<(String, Model)> =
+            vec![("frozen".into(), frozen_prefix_step(&model, &spec, cut + 1, &probes).unwrap())];
+        let pair = cached_pair(&model, cut, &spec).unwrap();
+        graphs.push(("prefix".into(), pair.prefix));
+        graphs.push(("suffix".into(), pair.suffix_step));
+        for (tag, options) in [
+            ("stash", SplitOptions { frozen_device_layers: false, recompute: false }),
+            ("recompute", SplitOptions { frozen_device_layers: false, recompute: true }),
+            ("frozen", SplitOptions { frozen_device_layers: true, recompute: false }),
+        ] {
+            let set = split(&model, cut, &spec, options).unwrap();
+            for (role, m) in set.graphs() {
+                graphs.push((format!("{tag}_{role:?}"), m.clone()));
+            }
+        }
+        for (kind, m) in graphs {
+            assert!(
+                m.graph.nodes.iter().all(|n| n.domain.is_empty()) && m.opset_imports.iter().all(|(d, _)| d.is_empty()),
+                "{stem} {kind}: only the default ai.onnx domain"
+            );
+            let path = dir.path().join(format!("{stem}_{kind}.onnx"));
+            save_model(&m, &path, &Default::default()).unwrap();
+            files.push(path);
+        }
+    }
+    if python_onnx() {
+        let refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+        let out = run_python("check_model.py", &refs);
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), files.len(), "{out}");
+    }
+}
