@@ -16,20 +16,11 @@ use edgefreeze_graph::ir::Model;
 use edgefreeze_graph::save::encode_model;
 use std::collections::HashSet;
 
-/// Name of the activation at the cut (the device forward's output, the edge step's input).
-pub const ACTIVATION: &str = "activation";
-/// Name of the activation's gradient (the edge step's output, the device backward's input).
-pub const GRAD_ACTIVATION: &str = "grad.activation";
-/// Prefix of new state values.
-pub const UPDATED_PREFIX: &str = "updated.";
-/// Prefix of gradients.
-pub const GRAD_PREFIX: &str = "grad.";
-/// The learning-rate input of an apply-update graph.
-pub const LEARNING_RATE: &str = "lr";
-/// The 1-based update index input of an apply-update graph (AdamW).
-pub const STEP: &str = "step";
-/// The Dropout seed input.
-pub const DROPOUT_SEED: &str = "dropout_seed";
+pub use edgefreeze_autodiff::GRAD_SCALE;
+pub use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
+pub use edgefreeze_autodiff::training::{GRAD_PREFIX, UPDATED_PREFIX};
+pub use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
+pub use edgefreeze_rewrite::ACTIVATION;
 
 /// The device's graphs and its initial state.
 pub struct DeviceGraphs {
@@ -88,10 +79,11 @@ impl GraphDevice {
         }
         let state_set: HashSet<&str> = state.iter().map(String::as_str).collect();
         let mut backward_feeds = Vec::new();
+        let grad_activation = edgefreeze_rewrite::grad_activation_name();
         if let Some(b) = backward {
             let forward_outputs = workspace.outputs(forward);
             for name in workspace.inputs(b) {
-                if state_set.contains(name.as_str()) || name == GRAD_ACTIVATION {
+                if state_set.contains(name.as_str()) || *name == grad_activation {
                     continue;
                 }
                 if name != input && name != DROPOUT_SEED && !forward_outputs.contains(name) {
@@ -158,7 +150,8 @@ impl DeviceSide for GraphDevice {
 
     fn backward(&mut self, stash: Stash, grad_activation: Value, weight: f64) -> Result<()> {
         let graph = self.backward.ok_or_else(|| DeviceError::Config("the device has no backward graph".into()))?;
-        let mut feeds: Vec<(&str, &Value)> = vec![(GRAD_ACTIVATION, &grad_activation)];
+        let name = edgefreeze_rewrite::grad_activation_name();
+        let mut feeds: Vec<(&str, &Value)> = vec![(name.as_str(), &grad_activation)];
         feeds.extend(stash.iter().map(|(n, v)| (n.as_str(), v)));
         for (name, grad) in self.workspace.run(graph, &feeds)? {
             if name.starts_with(GRAD_PREFIX) {
@@ -173,10 +166,16 @@ impl DeviceSide for GraphDevice {
         let sums = self.grads.take();
         let lr = Value::scalar_f32(lr as f32);
         let step = Value::scalar_i64(update as i64);
+        // The sums are already the batch's mean gradient (each micro-batch weighted by its
+        // share of the batch), so the apply graph's scale is 1.
+        let scale = Value::scalar_f32(1.0);
         let mut feeds: Vec<(&str, &Value)> = sums.iter().map(|(n, v)| (n.as_str(), v)).collect();
         feeds.push((LEARNING_RATE, &lr));
         if takes(self.workspace.as_ref(), graph, STEP) {
             feeds.push((STEP, &step));
+        }
+        if takes(self.workspace.as_ref(), graph, GRAD_SCALE) {
+            feeds.push((GRAD_SCALE, &scale));
         }
         self.workspace.run(graph, &feeds)?;
         Ok(())
