@@ -31,4 +31,7 @@ pub use error::{Result, TrainError};
 pub use run::{ModelSource, NewRun, Recipe, RunFolder, RunSpec, create_run, open_run, prepare_run};
 pub use schedule::{Decay, Schedule};
 pub use step::{ActivationStore, GraphSet, StepGraphs, StepRunner};
-pub use trainer::{Checked, TrainOptions, TrainSummary, Trainer, preflight, subset};
+pub use trainer::{
+    Checked, TrainOptions, TrainSummary, Trainer, batch_values, check_fit, dropout_seed, evaluate, loss_and_correct,
+    model_label, open_data, preflight, progress_bar, subset,
+};

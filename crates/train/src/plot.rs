@@ -18,7 +18,7 @@ const FONT_CANDIDATES: &[&str] = &[
 ];
 
 /// Registers a system font with plotters once per process.
-pub(crate) fn ensure_font() -> std::result::Result<(), String> {
+pub fn ensure_font() -> std::result::Result<(), String> {
     static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {

@@ -9,10 +9,13 @@ use crate::metrics::{Decision, MetricsLog, Record};
 use crate::observe::{Checkpoints, EpochEvent, Metrics, Observer, Plot, Progress, StepEvent};
 use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
 use crate::step::{StepRunner, StepScalars};
+use crate::tensors::scalar;
 use edgefreeze_autodiff::artifacts::{Manifest, files};
+use edgefreeze_autodiff::training::{CORRECT, LOSS};
 use edgefreeze_data::named::{OpenOptions, Splits, open_with};
 use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
-use edgefreeze_engine::{EngineKind, EngineOptions, Value};
+use edgefreeze_engine::{EngineKind, EngineOptions, GraphId, Value, Workspace};
+use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::{ArrayD, IxDyn};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -407,6 +410,45 @@ impl Trainer {
     }
 }
 
+/// Mean loss and accuracy of the eval graph `graph` (state from `workspace`, data input
+/// `input`) on the samples `indices`, in batches of `batch` built `prefetch` ahead.
+pub fn evaluate(
+    workspace: &mut dyn Workspace,
+    graph: GraphId,
+    input: &str,
+    samples: &Arc<Samples>,
+    indices: Vec<usize>,
+    batch: usize,
+    prefetch: usize,
+) -> Result<(f64, f64)> {
+    let n = indices.len();
+    let options = LoaderOptions { batch_size: batch, depth: prefetch.max(1), ..LoaderOptions::default() };
+    let loader = Loader::spawn(Arc::clone(samples), indices, options)?;
+    let (mut loss_sum, mut correct_sum) = (0.0, 0.0);
+    for batch in loader {
+        let len = batch.len();
+        let (input_value, labels) = batch_values(batch)?;
+        let outputs = workspace.run(graph, &[(input, &input_value), ("labels", &labels)])?;
+        let (loss, correct) = loss_and_correct(&outputs)?;
+        loss_sum += loss * len as f64;
+        correct_sum += correct;
+    }
+    Ok((loss_sum / n.max(1) as f64, correct_sum / n.max(1) as f64))
+}
+
+/// The progress bar of an epoch (`len` updates), or a hidden one when `show` is false.
+pub fn progress_bar(show: bool, len: u64, prefix: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(prefix.to_string());
+    bar
+}
+
 /// The samples of a split a run uses: all `n` in order, or `limit` of them drawn once
 /// from the seed (a split stored by class, like SpamAssassin's, has no representative
 /// prefix), in increasing order.
@@ -421,7 +463,8 @@ pub fn subset(n: usize, limit: Option<usize>, seed: u64) -> Vec<usize> {
     }
 }
 
-fn model_label(model: &str) -> String {
+/// A model's name for titles: its file stem.
+pub fn model_label(model: &str) -> String {
     Path::new(model).file_stem().map_or(model.to_string(), |s| s.to_string_lossy().into_owned())
 }
 
@@ -433,14 +476,14 @@ fn epoch_of(t: u64, total: u64, epochs: usize) -> usize {
 
 /// A per-update dropout seed: a function of the run's seed and the update index, so a
 /// resumed run draws the same masks.
-fn dropout_seed(seed: u64, step: u64) -> i64 {
+pub fn dropout_seed(seed: u64, step: u64) -> i64 {
     let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     (z >> 33) as i64
 }
 
 /// A batch as engine values, taking its buffers.
-fn batch_values(batch: Batch) -> Result<(Value, Value)> {
+pub fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     let shape = IxDyn(&batch.shape);
     let bad = |e: ndarray::ShapeError| TrainError::Config(format!("batch of shape {:?}: {e}", batch.shape));
     let len = batch.indices.len();
@@ -450,6 +493,17 @@ fn batch_values(batch: Batch) -> Result<(Value, Value)> {
     };
     let labels = Value::I64(ArrayD::from_shape_vec(IxDyn(&[len]), batch.labels).map_err(bad)?);
     Ok((input, labels))
+}
+
+/// The `loss` and `correct` outputs of a run as numbers (no `correct` output: 0).
+pub fn loss_and_correct(outputs: &[(String, Value)]) -> Result<(f64, f64)> {
+    let find = |name: &str| outputs.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let loss = find(LOSS).ok_or_else(|| TrainError::Config("the graph has no loss output".into()))?;
+    let correct = match find(CORRECT) {
+        Some(c) => scalar(CORRECT, c)?,
+        None => 0.0,
+    };
+    Ok((scalar(LOSS, loss)?, correct))
 }
 
 /// What [`preflight`] found right about a new run: its dataset, opened.
@@ -483,7 +537,7 @@ fn data_input(manifest: &Manifest) -> Result<String> {
 
 /// Opens the run's dataset; text datasets take their sequence length from the model's
 /// input and their vocabulary size from its embedding table (`forward` gives the model).
-fn open_data(
+pub fn open_data(
     name: &str,
     forward: impl FnOnce() -> Result<edgefreeze_graph::Model>,
     manifest: &Manifest,
@@ -505,7 +559,7 @@ fn open_data(
 }
 
 /// Checks that samples have the shape the model's input takes and labels fit its classes.
-fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
+pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
     let input = &manifest.data_inputs[0];
     let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
     let have = data.train.sample_shape();
