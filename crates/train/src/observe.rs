@@ -7,7 +7,7 @@ use crate::control::{SAVED_TENSOR_PREFIX, Saved};
 use crate::error::Result;
 use crate::metrics::{Decision, DecisionKind, MetricsLog, Record};
 use edgefreeze_engine::Value;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use std::path::{Path, PathBuf};
 
 /// One update, as observers see it.
@@ -108,13 +108,7 @@ pub struct Progress {
 
 impl Observer for Progress {
     fn on_epoch_start(&mut self, epoch: usize, epochs: usize, batches: u64) -> Result<()> {
-        let bar = ProgressBar::new(batches);
-        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed_precise}<{eta} {msg}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_prefix(format!("epoch {epoch}/{epochs}"));
-        self.bar = Some(bar);
+        self.bar = Some(crate::trainer::progress_bar(true, batches, &format!("epoch {epoch}/{epochs}")));
         Ok(())
     }
     fn on_step(&mut self, e: &StepEvent<'_>) -> Result<()> {
