@@ -16,7 +16,7 @@ use edgefreeze_autodiff::training::{CORRECT, LOSS, grad_name, state_name, update
 use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec, gradient_graph, training_step_graph};
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::{Model, import};
-use edgefreeze_tests::repo_root;
+use edgefreeze_tests::{read_fixture, repo_root};
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value as Json;
 use std::cell::RefCell;
@@ -97,29 +97,12 @@ struct Fixture {
     name: String,
     model: Model,
     json: Json,
-    tensors: HashMap<String, (Vec<usize>, Vec<f64>, bool)>,
+    tensors: edgefreeze_tests::FixtureTensors,
 }
 
 fn fixture(name: &str) -> Fixture {
     let dir = repo_root().join("tests/fixtures/golden");
-    let json: Json = serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors = HashMap::new();
-    for (key, view) in st.tensors() {
-        let dims = view.shape().to_vec();
-        let data = view.data();
-        let (values, int) = match view.dtype() {
-            safetensors::Dtype::F32 => {
-                (data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(), false)
-            }
-            safetensors::Dtype::I64 => {
-                (data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(), true)
-            }
-            other => panic!("{name}: unexpected dtype {other:?} for {key}"),
-        };
-        tensors.insert(key, (dims, values, int));
-    }
+    let (json, tensors) = read_fixture(&dir, name);
     let model = import(repo_root().join("models").join(json["file"].as_str().unwrap())).unwrap();
     Fixture { name: name.to_string(), model, json, tensors }
 }

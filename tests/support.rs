@@ -68,6 +68,33 @@ pub fn run_python(script: &str, args: &[&Path]) -> String {
     text
 }
 
+/// A fixture's tensors by name: dimensions, values as f64, and whether they are integers
+/// (labels, token ids); float32 and int64 are the only element types fixtures hold.
+pub type FixtureTensors = std::collections::HashMap<String, (Vec<usize>, Vec<f64>, bool)>;
+
+/// Reads fixture `<dir>/<name>.json` and `<dir>/<name>.safetensors` (the PyTorch golden
+/// and zoo fixtures share this layout).
+pub fn read_fixture(dir: &Path, name: &str) -> (serde_json::Value, FixtureTensors) {
+    let json = serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join(format!("{name}.safetensors"))).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors = FixtureTensors::new();
+    for (key, view) in st.tensors() {
+        let data = view.data();
+        let (values, int) = match view.dtype() {
+            safetensors::Dtype::F32 => {
+                (data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(), false)
+            }
+            safetensors::Dtype::I64 => {
+                (data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(), true)
+            }
+            other => panic!("{name}: unexpected dtype {other:?} for {key}"),
+        };
+        tensors.insert(key, (view.shape().to_vec(), values, int));
+    }
+    (json, tensors)
+}
+
 /// The tolerance rule of the PyTorch comparisons (see `tests/pytorch_golden.rs` and
 /// docs/training-graphs.md, Proof): a tensor of ours passes when its L2 error against the
 /// float64 reference is within [`tolerance::TORCH_MULTIPLE`] times PyTorch's own float32

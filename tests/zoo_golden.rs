@@ -14,8 +14,8 @@ use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
 use edgefreeze_autodiff::{Loss, gradient_graph};
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::{Model, import};
-use edgefreeze_tests::repo_root;
 use edgefreeze_tests::tolerance::verdict;
+use edgefreeze_tests::{read_fixture, repo_root};
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value as Json;
 use std::collections::HashMap;
@@ -24,28 +24,12 @@ struct Fixture {
     stem: String,
     model: Model,
     json: Json,
-    tensors: HashMap<String, (Vec<usize>, Vec<f64>, bool)>,
+    tensors: edgefreeze_tests::FixtureTensors,
 }
 
 fn fixture(stem: &str) -> Fixture {
     let dir = repo_root().join("tests/fixtures/zoo");
-    let json: Json = serde_json::from_slice(&std::fs::read(dir.join(format!("{stem}.json"))).unwrap()).unwrap();
-    let bytes = std::fs::read(dir.join(format!("{stem}.safetensors"))).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors = HashMap::new();
-    for (key, view) in st.tensors() {
-        let data = view.data();
-        let (values, int) = match view.dtype() {
-            safetensors::Dtype::F32 => {
-                (data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(), false)
-            }
-            safetensors::Dtype::I64 => {
-                (data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(), true)
-            }
-            other => panic!("{stem}: unexpected dtype {other:?} for {key}"),
-        };
-        tensors.insert(key, (view.shape().to_vec(), values, int));
-    }
+    let (json, tensors) = read_fixture(&dir, stem);
     let model = import(dir.join(json["file"].as_str().unwrap())).unwrap_or_else(|e| panic!("{stem}: {e}"));
     Fixture { stem: stem.to_string(), model, json, tensors }
 }
