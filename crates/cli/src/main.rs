@@ -2,6 +2,7 @@
 
 mod bench;
 mod convert;
+mod device;
 mod edge;
 mod export;
 mod inspect;
@@ -31,6 +32,9 @@ enum Command {
     Export(export::ExportArgs),
     /// Run an edge server for device–edge split training (or make a device token).
     Edge(edge::EdgeArgs),
+    /// Train a split model's device side on this device's data, with an edge server
+    /// training the rest.
+    Device(Box<device::DeviceArgs>),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
     Bench(bench::BenchArgs),
 }
@@ -44,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Export(args) => export::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Edge(args) => edge::run(&args),
+        Command::Device(args) => device::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
