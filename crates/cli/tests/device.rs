@@ -166,6 +166,45 @@ fn pipelined_split_training_equals_local_training() {
     }
 }
 
+#[test]
+fn a_frozen_device_side_equals_local_training_with_that_prefix_frozen() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 32, 128);
+    // Cut after layer 0: layer 0 (fc1) on the device, frozen; locally, `--freeze 1`.
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 1);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let local_state = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
+        .unwrap()
+        .state;
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: true };
+    let (device, edge_state) = device_run(&dir.path().join("split"), &at, "mlp.onnx", split, &recipe);
+    let mut trained = 0;
+    for (name, value) in &device {
+        // The device's parameters never move (and it has no optimizer state to move).
+        let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+        assert_eq!(value, start, "device tensor {name} changed");
+    }
+    for (name, value) in &edge_state {
+        let (_, want) = local_state.iter().find(|(n, _)| n == name).unwrap();
+        // The same f32 rounding argument as the unfrozen test: sums in another order.
+        let err = relative(&f32s(value), &f32s(want));
+        assert!(err < 1e-6, "edge {name}: {err:e}");
+        trained += 1;
+    }
+    // fc2 and fc3, weights and biases, each with a momentum buffer.
+    assert_eq!(trained, 8, "{edge_state:?}");
+    assert!(!device.is_empty());
+}
+
 /// Local training with the same micro-batching, for a BatchNorm model: the whole
 /// model's gradient graph on each micro-batch (BatchNorm with that micro-batch's
 /// statistics), gradients summed weighted by micro-batch share, then SGD with momentum
