@@ -721,3 +721,62 @@ fn the_edge_side_migrates_between_steps_and_training_goes_on_unchanged() {
     assert_eq!(moves.len(), 1, "{moves:?}");
     assert_eq!(moves[0]["step"], 8);
 }
+
+#[test]
+fn the_cut_moves_mid_run_with_the_state_of_the_layers_that_change_sides() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    // Local training is the reference: a split run at any cut equals it up to f32
+    // rounding (see pipelined_split_training_equals_local_training).
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 0);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let want = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
+        .unwrap()
+        .state;
+
+    let (first, second) = (Edge::spawn(None), Edge::spawn(None));
+    let edges = [edge_at(&first.address, "phone-1", TOKEN), edge_at(&second.address, "phone-1", TOKEN)];
+    let run = dir.path().join("run");
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    let mut trainer =
+        DeviceTrainer::open(&run, &edges, DeviceOptions { epochs_now: Some(1), ..device_options() }).unwrap();
+    trainer.run().unwrap();
+    let before: Vec<String> = trainer.device_state().unwrap().into_iter().map(|(n, _)| n).collect();
+    // fc2 (and its momentum) moves from the edge to the device, on the other server.
+    trainer.recut(1, 1, "the test moves it").unwrap();
+    let after: Vec<String> = trainer.device_state().unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(after.len() > before.len() && before.iter().all(|n| after.contains(n)), "{before:?} → {after:?}");
+    assert_eq!(trainer.edge_place().cut, Some(1));
+    trainer.run().unwrap();
+    let (device, edge_state) = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    let mut seen = 0;
+    for (name, value) in device.iter().chain(&edge_state) {
+        let (_, w) = want.iter().find(|(n, _)| n == name).unwrap();
+        let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+        let (got, w, start) = (f32s(value), f32s(w), f32s(start));
+        let update: Vec<f64> = w.iter().zip(&start).map(|(w, s)| w - s).collect();
+        let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
+        let (err, update_err) = (relative(&got, &w), relative(&moved, &update));
+        assert!(err < 1e-6 && update_err < 1e-4, "{name}: {err:e} (update {update_err:e})");
+        seen += 1;
+    }
+    assert_eq!(seen, 12, "every parameter and momentum, on one side or the other");
+    let moves = decisions(&run, "migrate");
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert!(moves[0]["reason"].as_str().unwrap().contains("after layer 0 to after layer 1"), "{moves:?}");
+
+    // Resumed, the run is at the new cut (its last checkpoint says so).
+    let again = DeviceTrainer::open(&run, &edges, device_options());
+    let again = again.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.device_run().split.cut, 1);
+    assert_eq!(again.epochs_done(), 2);
+}

@@ -119,6 +119,9 @@ pub struct EdgePlace {
     pub address: String,
     /// The run's name there.
     pub run_id: String,
+    /// The cut of the split there, when it moved from the one `device.json` gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<usize>,
 }
 
 impl EdgePlace {
@@ -236,6 +239,8 @@ pub struct DeviceTrainer {
     moves: u32,
     /// The last consistent copy of both sides.
     consistent: Option<Consistent>,
+    /// Decisions taken between steps, for the metrics log.
+    pending: Vec<Decision>,
     epochs_done: usize,
     steps_done: u64,
     last_checkpoint: PathBuf,
@@ -258,7 +263,13 @@ impl DeviceTrainer {
             return Err(DeviceError::Config("give at least one edge server".into()));
         };
         let spec = open_run(dir)?;
-        let run = read_device_run(dir)?;
+        let mut run = read_device_run(dir)?;
+        let checkpoints = list_checkpoints(dir)?;
+        let last = checkpoints.last().map(|(_, path)| Checkpoint::read(path)).transpose()?;
+        // A run whose cut moved resumes at the cut its last checkpoint was taken at.
+        if let Some(cut) = last.as_ref().and_then(|c| EdgePlace::from_controller(c.info.controller.as_ref())?.cut) {
+            run.split.cut = cut;
+        }
         let graphs_dir = dir.join(GRAPHS_DIR);
         let manifest = read_manifest(&graphs_dir)?;
         let input = match manifest.data_inputs.as_slice() {
@@ -286,11 +297,10 @@ impl DeviceTrainer {
             device_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
         let takes_dropout_seed = forward.graph.inputs.iter().any(|i| i.name == crate::compute::DROPOUT_SEED);
 
-        let checkpoints = list_checkpoints(dir)?;
         let mut recorded_place = None;
         let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
             Some((_, path)) => {
-                let c = Checkpoint::read(path)?;
+                let c = last.expect("read above");
                 let mut state = Vec::new();
                 for (name, _) in &initial {
                     let value = c.get(name).cloned().ok_or_else(|| DeviceError::Run {
@@ -324,7 +334,10 @@ impl DeviceTrainer {
         // places were recorded: the first server, under the run's own name); a new run on
         // the first server that answers.
         let everywhere = |run_id: &str| -> Vec<EdgePlace> {
-            edges.iter().map(|e| EdgePlace { address: e.address.clone(), run_id: run_id.to_string() }).collect()
+            edges
+                .iter()
+                .map(|e| EdgePlace { address: e.address.clone(), run_id: run_id.to_string(), cut: None })
+                .collect()
         };
         let candidates: Vec<EdgePlace> = match (resume_step, recorded_place) {
             // The server the checkpoint names, when it is one of those given.
@@ -408,6 +421,7 @@ impl DeviceTrainer {
             split_request,
             moves: 0,
             consistent: None,
+            pending: Vec::new(),
             epochs_done,
             steps_done,
             last_checkpoint,
@@ -568,6 +582,9 @@ impl DeviceTrainer {
     /// are done again, with the same batches, learning rates and seeds, so none is lost
     /// and none applied twice.
     fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
+        for decision in std::mem::take(&mut self.pending) {
+            metrics.push_decision(decision)?;
+        }
         let first_step = self.steps_done;
         if self.consistent.as_ref().is_none_or(|c| c.step != first_step) {
             self.sync()?;
@@ -717,15 +734,20 @@ impl DeviceTrainer {
     fn open_elsewhere(
         &mut self,
         edge: &EdgeAddress,
+        split: &pb::SplitRequest,
         step: u64,
         state: &[(String, Value)],
     ) -> Result<(EdgeSession, pb::Header, EdgePlace)> {
         self.moves += 1;
-        let place = EdgePlace { address: edge.address.clone(), run_id: format!("{}.{}", self.run.run_id, self.moves) };
+        let place = EdgePlace {
+            address: edge.address.clone(),
+            run_id: format!("{}.{}", self.run.run_id, self.moves),
+            cut: Some(split.cut_after_layer as usize),
+        };
         let request = pb::OpenSessionRequest {
             header: Some(pb::Header::default()),
             run_id: place.run_id.clone(),
-            split: Some(self.split_request.clone()),
+            split: Some(split.clone()),
             resume_step: None,
         };
         let session = EdgeSession::open(&edge.address, edge.credentials.clone(), request, self.options.edge_timeout)?;
@@ -756,7 +778,8 @@ impl DeviceTrainer {
         let mut refusals = Vec::new();
         let moved = 'search: loop {
             for edge in &order {
-                match self.open_elsewhere(edge, consistent.step, &consistent.edge) {
+                let split = self.split_request.clone();
+                match self.open_elsewhere(edge, &split, consistent.step, &consistent.edge) {
                     Ok(moved) => break 'search moved,
                     Err(e @ DeviceError::EdgeLost { .. }) => refusals.push(e.to_string()),
                     Err(e) => {
@@ -813,6 +836,18 @@ impl DeviceTrainer {
     /// Moves the edge side to `edges[to]` between steps (the old server is alive: its
     /// state is fetched, put on the new one, and its session closed), logging `reason`.
     pub fn migrate(&mut self, to: usize, reason: &str) -> Result<()> {
+        self.move_edge(to, None, reason)
+    }
+
+    /// Moves the cut to after layer `cut` between steps, with the edge side on `edges[to]`:
+    /// both sides get the graphs of the new split, and the state of the layers that change
+    /// sides goes with them (the device's to the edge, or the edge's, fetched, to the
+    /// device). Training goes on from the same step with the same batches.
+    pub fn recut(&mut self, cut: usize, to: usize, reason: &str) -> Result<()> {
+        self.move_edge(to, Some(cut), reason)
+    }
+
+    fn move_edge(&mut self, to: usize, cut: Option<usize>, reason: &str) -> Result<()> {
         let edge = self
             .edges
             .get(to)
@@ -820,33 +855,75 @@ impl DeviceTrainer {
             .ok_or_else(|| DeviceError::Config(format!("no edge server {to}: the run has {}", self.edges.len())))?;
         self.sync()?;
         let consistent = self.consistent.take().expect("sync made a consistent copy");
-        let moved = self.open_elsewhere(&edge, consistent.step, &consistent.edge);
         let step = consistent.step;
+        let old_cut = self.run.split.cut;
+        let new_cut = cut.unwrap_or(old_cut);
+        // The whole model's state, by name: each side takes its own from it.
+        let whole: Vec<(String, Value)> = consistent.device.iter().chain(&consistent.edge).cloned().collect();
+        let mut split = self.split_request.clone();
+        let mut device = None;
+        let edge_state = if new_cut == old_cut {
+            consistent.edge.clone()
+        } else {
+            split.cut_after_layer = u32::try_from(new_cut).map_err(|_| DeviceError::Config("cut too large".into()))?;
+            let settings = SplitSettings { cut: new_cut, ..self.run.split.clone() };
+            let graphs = self.device_graphs_at(&settings, &whole)?;
+            let on_device: Vec<String> = graphs.state.iter().map(|(n, _)| n.clone()).collect();
+            device = Some((settings, graphs));
+            whole.iter().filter(|(n, _)| !on_device.contains(n)).cloned().collect()
+        };
+        let moved = self.open_elsewhere(&edge, &split, step, &edge_state);
         self.consistent = Some(consistent);
         let (session, header, place) = moved?;
+        if let Some((settings, graphs)) = device {
+            self.device =
+                GraphDevice::new(graphs, &self.input, &self.options.train.engine, &self.options.train.engine_options)?;
+            self.run.split = settings;
+            self.split_request = split;
+            // The copy was of the old split; the next sync takes one of the new.
+            self.consistent = None;
+        }
         let old = std::mem::replace(&mut self.session, session);
         // The old server keeps nothing of the run's future; its checkpoints stay.
         let _ = old.close(&Self::between_steps(&self.header, step));
-        let line = format!(
-            "migrated the edge side from {} to {} at update {step}: {reason}",
-            self.place.address, place.address
-        );
+        let what = if new_cut == old_cut {
+            format!("migrated the edge side from {} to {}", self.place.address, place.address)
+        } else {
+            format!(
+                "moved the cut from after layer {old_cut} to after layer {new_cut}, the edge side from {} to {}",
+                self.place.address, place.address
+            )
+        };
+        let line = format!("{what} at update {step}: {reason}");
         self.header = header;
         self.place = place;
-        let mut metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
-        metrics.push_decision(Decision {
-            epoch: self.epochs_done,
+        self.pending.push(Decision {
+            epoch: self.epochs_done + 1,
             step,
             kind: DecisionKind::Migrate,
-            layer: Some(self.run.split.cut),
-            depth: if self.run.split.freeze_device { self.run.split.cut + 1 } else { 0 },
+            layer: Some(new_cut),
+            depth: if self.run.split.freeze_device { new_cut + 1 } else { 0 },
             history: Vec::new(),
             reason: line.clone(),
-        })?;
+        });
         if self.options.train.progress {
             eprintln!("{line}");
         }
         Ok(())
+    }
+
+    /// The device's graphs for `settings`, with the state taken from `whole` by name.
+    fn device_graphs_at(&self, settings: &SplitSettings, whole: &[(String, Value)]) -> Result<DeviceGraphs> {
+        let graphs_dir = self.dir.join(GRAPHS_DIR);
+        let manifest = read_manifest(&graphs_dir)?;
+        let model = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
+        let mut graphs = device_graphs(&model, settings, &manifest.loss, &manifest.optimizer)?;
+        for (name, value) in &mut graphs.state {
+            *value = whole.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or_else(|| {
+                DeviceError::Config(format!("the run's state has no tensor {name:?} for the new cut"))
+            })?;
+        }
+        Ok(graphs)
     }
 
     /// Where the edge side lives now.
