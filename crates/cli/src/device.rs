@@ -42,6 +42,10 @@ pub struct DeviceTrainArgs {
     /// which a fail-over continues (0: at the start of each epoch only).
     #[arg(long, default_value_t = 20)]
     pub sync_every: u64,
+    /// When no edge server takes a lost run over within --failover-wait, train the edge's
+    /// layers on this device too instead of stopping (the checkpoints then hold both sides).
+    #[arg(long)]
+    pub alone_if_no_edge: bool,
     /// This device's id, as the edge's tokens file lists it.
     #[arg(long, default_value = "device")]
     pub device_id: String,
@@ -152,6 +156,7 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
         edge_timeout: seconds("--edge-timeout", args.edge_timeout)?,
         failover_wait: seconds("--failover-wait", args.failover_wait)?,
         sync_every: args.sync_every,
+        alone_if_no_edge: args.alone_if_no_edge,
         ..DeviceOptions::default()
     };
     let edges: Vec<EdgeAddress> =
@@ -184,7 +189,7 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
             split.micro_batches,
             if split.recompute { ", recompute" } else { "" },
             if split.freeze_device { ", device layers frozen" } else { "" },
-            opened.state_bytes,
+            opened.map_or(0, |o| o.state_bytes),
             spec.recipe.epochs,
             spec.recipe.batch,
             trainer.total_steps(),

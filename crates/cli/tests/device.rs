@@ -664,10 +664,10 @@ fn a_restarted_edge_server_takes_the_run_back_and_refuses_messages_from_before()
         }
     });
     let mut trainer = DeviceTrainer::open(&run, &[edge_at(&address, "phone-1", TOKEN)], options).unwrap();
-    let before = trainer.session().header.clone().unwrap();
+    let before = trainer.session().unwrap().header.clone().unwrap();
     let summary = trainer.run().unwrap();
     assert_eq!(summary.steps, 16);
-    let after = trainer.session().header.clone().unwrap();
+    let after = trainer.session().unwrap().header.clone().unwrap();
     assert_ne!(after.session_id, before.session_id);
     assert_ne!(after.model_version, before.model_version, "a restarted server hands out new model versions");
     let got = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
@@ -779,4 +779,50 @@ fn the_cut_moves_mid_run_with_the_state_of_the_layers_that_change_sides() {
     let again = again.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(again.device_run().split.cut, 1);
     assert_eq!(again.epochs_done(), 2);
+}
+
+#[test]
+fn with_no_edge_server_left_the_run_goes_on_alone_on_the_device_and_resumes_there() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let want = reference_run(&dir.path().join("reference"), &recipe, &split);
+    let only = Arc::new(Mutex::new(Some(Edge::spawn(None))));
+    let address = only.lock().unwrap().as_ref().unwrap().address.clone();
+    let run = dir.path().join("run");
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    let killer = Arc::clone(&only);
+    let options = || {
+        let killer = Arc::clone(&killer);
+        let mut options = fault_options(move |step| {
+            if step == 5
+                && let Some(mut edge) = killer.lock().unwrap().take()
+            {
+                edge.child.kill().unwrap();
+                edge.child.wait().unwrap();
+            }
+        });
+        options.failover_wait = std::time::Duration::from_secs(1);
+        options.alone_if_no_edge = true;
+        options
+    };
+    let edges = [edge_at(&address, "phone-1", TOKEN)];
+    let mut first = DeviceTrainer::open(&run, &edges, DeviceOptions { epochs_now: Some(1), ..options() }).unwrap();
+    first.run().unwrap();
+    assert!(first.alone(), "the run went on on the device");
+    drop(first);
+    // Resumed with its only server still gone: its checkpoint holds both sides.
+    let mut second = DeviceTrainer::open(&run, &edges, options()).unwrap();
+    assert!(second.alone() && second.steps_done() == 8);
+    assert_eq!(second.run().unwrap().steps, 16);
+    let got = (second.device_state().unwrap(), second.edge_state().unwrap());
+    // The local edge side computes what the server computes, in the same arithmetic.
+    assert_eq!(got.0, want.0, "device state");
+    assert_eq!(got.1, want.1, "edge state");
+    let failovers = decisions(&run, "failover");
+    assert_eq!(failovers.len(), 1, "{failovers:?}");
+    assert!(failovers[0]["reason"].as_str().unwrap().contains("alone on the device"), "{failovers:?}");
 }

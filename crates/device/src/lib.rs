@@ -11,6 +11,7 @@
 pub mod compute;
 pub mod error;
 pub mod link;
+pub mod local;
 pub mod pipeline;
 pub mod split;
 pub mod timeline;

@@ -5,7 +5,7 @@
 use crate::compute::DeviceGraphs;
 use crate::error::{DeviceError, Result};
 use edgefreeze_autodiff::artifacts::{Side, parse_loss, parse_optimizer};
-use edgefreeze_rewrite::{SplitOptions, StepSpec};
+use edgefreeze_rewrite::{SplitGraphs, SplitOptions, StepSpec};
 use edgefreeze_train::tensors::value_from_tensor;
 use edgefreeze_wire::pb;
 use std::path::Path;
@@ -42,18 +42,23 @@ pub fn split_request(model: Vec<u8>, split: &SplitSettings, loss: &str, optimize
     })
 }
 
-/// The device's graphs and initial state for a model file and split settings: the
-/// rewrite crate's split of the model, of which the device keeps its side (the edge
-/// builds the same split from the same bytes and keeps the other).
-pub fn device_graphs(model: &Path, split: &SplitSettings, loss: &str, optimizer: &str) -> Result<DeviceGraphs> {
+/// The rewrite crate's split of a model file for these settings (both sides' graphs).
+pub fn split_graphs(model: &Path, split: &SplitSettings, loss: &str, optimizer: &str) -> Result<SplitGraphs> {
     let bad = |e: edgefreeze_autodiff::AutodiffError| DeviceError::Config(e.to_string());
     let loss = parse_loss(loss).map_err(bad)?;
     let (optimizer, _) = parse_optimizer(optimizer).map_err(bad)?;
     let imported =
         edgefreeze_graph::import(model).map_err(|e| DeviceError::Run { path: model.into(), message: e.to_string() })?;
     let options = SplitOptions { frozen_device_layers: split.freeze_device, recompute: split.recompute };
-    let graphs = edgefreeze_rewrite::split(&imported, split.cut, &StepSpec { loss, optimizer }, options)
-        .map_err(|e| DeviceError::Config(format!("--cut {}: {e}", split.cut)))?;
+    edgefreeze_rewrite::split(&imported, split.cut, &StepSpec { loss, optimizer }, options)
+        .map_err(|e| DeviceError::Config(format!("--cut {}: {e}", split.cut)))
+}
+
+/// The device's graphs and initial state for a model file and split settings: the
+/// rewrite crate's split of the model, of which the device keeps its side (the edge
+/// builds the same split from the same bytes and keeps the other).
+pub fn device_graphs(model: &Path, split: &SplitSettings, loss: &str, optimizer: &str) -> Result<DeviceGraphs> {
+    let graphs = split_graphs(model, split, loss, optimizer)?;
     let mut state = Vec::new();
     for entry in graphs.manifest.state.iter().filter(|e| e.side == Some(Side::Device)) {
         let tensor = graphs.state.iter().find(|(n, _)| *n == entry.name).map(|(_, t)| t).ok_or_else(|| {

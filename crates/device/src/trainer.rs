@@ -15,9 +15,11 @@
 
 use crate::compute::{DeviceGraphs, GraphDevice};
 use crate::error::{DeviceError, Result};
-use crate::link::EdgeSession;
+use crate::link::{EdgeSession, GrpcLink};
+use crate::local::LocalEdge;
+use crate::pipeline::{Download, Link, Tag, Upload};
 use crate::pipeline::{Mode, StepSettings, StepTimes, run_step, split_batch};
-use crate::split::{SplitSettings, device_graphs, split_request};
+use crate::split::{SplitSettings, device_graphs, split_graphs, split_request};
 use edgefreeze_data::named::Splits;
 use edgefreeze_data::{Loader, LoaderOptions, Samples, batch_count, epoch_order};
 use edgefreeze_engine::{StateUpdates, Value};
@@ -81,6 +83,9 @@ pub struct DeviceOptions {
     /// Updates between consistent copies of both sides (the device's state and the edge's,
     /// fetched), from which a fail-over continues; 0: only at the start of each epoch.
     pub sync_every: u64,
+    /// When no edge server takes a lost run over within `failover_wait`, train the edge
+    /// side on the device itself instead of stopping.
+    pub alone_if_no_edge: bool,
     /// Called after every update with the number of updates done (an observer: progress
     /// displays, tests that act at a given step).
     pub after_update: Option<AfterUpdate>,
@@ -106,6 +111,7 @@ impl Default for DeviceOptions {
             edge_timeout: Duration::from_secs(30),
             failover_wait: Duration::from_secs(30),
             sync_every: 20,
+            alone_if_no_edge: false,
             after_update: None,
         }
     }
@@ -136,12 +142,51 @@ impl EdgePlace {
     }
 }
 
+/// Where the edge side runs.
+enum EdgeConn {
+    /// On an edge server.
+    Remote(Box<EdgeSession>),
+    /// On the device itself, once no server is left (`--alone-if-no-edge`); `None` while
+    /// an epoch holds it as its link.
+    Local(Option<Box<LocalEdge>>),
+}
+
+/// The link an epoch trains over.
+enum EpochLink {
+    Remote(Box<GrpcLink>),
+    Local(Box<LocalEdge>),
+}
+
+impl Link for EpochLink {
+    fn send(&mut self, upload: Upload) -> Result<()> {
+        match self {
+            EpochLink::Remote(l) => l.send(upload),
+            EpochLink::Local(l) => l.send(upload),
+        }
+    }
+    fn recv(&mut self) -> Result<Download> {
+        match self {
+            EpochLink::Remote(l) => l.recv(),
+            EpochLink::Local(l) => l.recv(),
+        }
+    }
+    fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
+        match self {
+            EpochLink::Remote(l) => l.apply_update(tag, lr, checkpoint),
+            EpochLink::Local(l) => l.apply_update(tag, lr, checkpoint),
+        }
+    }
+}
+
 /// What one update reported.
 struct BatchResult {
     loss: f64,
     correct: f64,
     samples: usize,
 }
+
+/// The place of a run's edge side when it runs on the device itself.
+pub const ALONE: &str = "device";
 
 /// Both sides' state at one step: what a fail-over continues from.
 struct Consistent {
@@ -227,7 +272,7 @@ pub struct DeviceTrainer {
     data: Splits,
     input: String,
     device: GraphDevice,
-    session: EdgeSession,
+    session: EdgeConn,
     header: pb::Header,
     /// The servers this run may use, in order of preference.
     edges: Vec<EdgeAddress>,
@@ -298,6 +343,7 @@ impl DeviceTrainer {
         let takes_dropout_seed = forward.graph.inputs.iter().any(|i| i.name == crate::compute::DROPOUT_SEED);
 
         let mut recorded_place = None;
+        let mut checkpoint_state = Vec::new();
         let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
             Some((_, path)) => {
                 let c = last.expect("read above");
@@ -310,6 +356,7 @@ impl DeviceTrainer {
                     state.push((name.clone(), value));
                 }
                 recorded_place = EdgePlace::from_controller(c.info.controller.as_ref());
+                checkpoint_state = c.state.clone();
                 (state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy)
             }
             // Checkpoint 0 is written once the edge has opened the session: a start that
@@ -340,6 +387,8 @@ impl DeviceTrainer {
                 .collect()
         };
         let candidates: Vec<EdgePlace> = match (resume_step, recorded_place) {
+            // The device itself, when the run went on alone.
+            (Some(_), Some(place)) if place.address == ALONE => vec![place],
             // The server the checkpoint names, when it is one of those given.
             (Some(_), Some(place)) if edges.iter().any(|e| e.address == place.address) => vec![place],
             // Otherwise the run's edge checkpoints moved with their server: ask those given.
@@ -350,9 +399,11 @@ impl DeviceTrainer {
             (None, _) if checkpoints.is_empty() => everywhere(&run.run_id),
             (None, _) => everywhere(&format!("{}.r{:x}", run.run_id, crate::pipeline::now_us() / 1_000_000)),
         };
+        // A run that went on alone on the device keeps its edge side in its checkpoints.
+        let alone = candidates.first().filter(|p| resume_step.is_some() && p.address == ALONE).cloned();
         let mut opened = None;
         let (mut lost, mut refused) = (Vec::new(), Vec::new());
-        for place in candidates {
+        for place in candidates.into_iter().filter(|_| alone.is_none()) {
             let credentials =
                 edges.iter().find(|e| e.address == place.address).unwrap_or(first_edge).credentials.clone();
             let request = pb::OpenSessionRequest {
@@ -375,20 +426,33 @@ impl DeviceTrainer {
                 Err(e) => return Err(e),
             }
         }
-        let Some((session, place)) = opened else {
-            if !refused.is_empty() {
-                refused.extend(lost);
-                return Err(DeviceError::Link(format!(
-                    "cannot resume run {:?} at step {steps_done}, the step of {}: an edge server must hold its \
-                     checkpoint of that step ({})",
-                    run.run_id,
-                    last_checkpoint.display(),
-                    refused.join("; ")
-                )));
+        let (session, header, place) = match (opened, alone) {
+            (_, Some(place)) => {
+                let graphs = split_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
+                let local =
+                    LocalEdge::new(&graphs, &checkpoint_state, &options.train.engine, &options.train.engine_options)?;
+                let header =
+                    pb::Header { session_id: ALONE.into(), step: steps_done, micro_batch: 0, model_version: 1 };
+                (EdgeConn::Local(Some(Box::new(local))), header, place)
             }
-            return Err(DeviceError::EdgeLost { address: "every edge server".into(), message: lost.join("; ") });
+            (Some((session, place)), None) => {
+                let header = session.header();
+                (EdgeConn::Remote(Box::new(session)), header, place)
+            }
+            (None, None) => {
+                if !refused.is_empty() {
+                    refused.extend(lost);
+                    return Err(DeviceError::Link(format!(
+                        "cannot resume run {:?} at step {steps_done}, the step of {}: an edge server must hold its \
+                     checkpoint of that step ({})",
+                        run.run_id,
+                        last_checkpoint.display(),
+                        refused.join("; ")
+                    )));
+                }
+                return Err(DeviceError::EdgeLost { address: "every edge server".into(), message: lost.join("; ") });
+            }
         };
-        let header = session.header();
         if header.step != steps_done {
             return Err(DeviceError::Mismatch {
                 field: "step",
@@ -457,9 +521,18 @@ impl DeviceTrainer {
         self.steps_done
     }
 
-    /// The edge's answer when the session opened (ports, state bytes, limits).
-    pub fn session(&self) -> &pb::OpenSessionResponse {
-        &self.session.opened
+    /// The edge's answer when the session opened (ports, state bytes, limits); none once
+    /// the run fell back to training alone on the device.
+    pub fn session(&self) -> Option<&pb::OpenSessionResponse> {
+        match &self.session {
+            EdgeConn::Remote(s) => Some(&s.opened),
+            EdgeConn::Local(_) => None,
+        }
+    }
+
+    /// Whether the edge side runs on the device itself (no edge server was left).
+    pub fn alone(&self) -> bool {
+        matches!(self.session, EdgeConn::Local(_))
     }
 
     /// The device's state, copied out of the engine.
@@ -469,7 +542,17 @@ impl DeviceTrainer {
 
     /// The edge's state of this session, fetched from the edge.
     pub fn edge_state(&self) -> Result<Vec<(String, Value)>> {
-        self.session.fetch_state(&Self::between_steps(&self.header, self.steps_done))
+        self.edge_state_with(None)
+    }
+
+    /// The edge's state: from the local edge side (in `lent` while an epoch holds it), or
+    /// fetched from the server.
+    fn edge_state_with(&self, lent: Option<&EpochLink>) -> Result<Vec<(String, Value)>> {
+        match (&self.session, lent) {
+            (_, Some(EpochLink::Local(local))) | (EdgeConn::Local(Some(local)), _) => local.state(),
+            (EdgeConn::Remote(session), _) => session.fetch_state(&Self::between_steps(&self.header, self.steps_done)),
+            (EdgeConn::Local(None), _) => Err(DeviceError::Config("the local edge side is in use".into())),
+        }
     }
 
     /// The timestamps of the first steps recorded.
@@ -520,7 +603,11 @@ impl DeviceTrainer {
                 test_accuracy: Some(test_accuracy),
                 controller: Some(self.place.to_controller()),
             };
-            Checkpoint { info, state: self.device.state()? }.write(&path)?;
+            let mut state = self.device.state()?;
+            if self.alone() {
+                state.extend(self.edge_state()?);
+            }
+            Checkpoint { info, state }.write(&path)?;
             self.epochs_done = epoch;
             self.last_checkpoint = path;
             self.last_test_accuracy = Some(test_accuracy);
@@ -632,6 +719,31 @@ impl DeviceTrainer {
         bar: &indicatif::ProgressBar,
         start: Instant,
     ) -> Result<()> {
+        let mut link = match &mut self.session {
+            EdgeConn::Remote(session) => EpochLink::Remote(Box::new(session.stream())),
+            EdgeConn::Local(local) => EpochLink::Local(
+                local.take().ok_or_else(|| DeviceError::Config("the local edge side is in use".into()))?,
+            ),
+        };
+        let result = self.epoch_steps(&mut link, epoch, first_step, batches, done, metrics, bar, start);
+        if let EpochLink::Local(local) = link {
+            self.session = EdgeConn::Local(Some(local));
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn epoch_steps(
+        &mut self,
+        link: &mut EpochLink,
+        epoch: usize,
+        first_step: u64,
+        batches: usize,
+        done: &mut Vec<BatchResult>,
+        metrics: &mut MetricsLog,
+        bar: &indicatif::ProgressBar,
+        start: Instant,
+    ) -> Result<()> {
         let recipe = self.spec.recipe.clone();
         let samples = subset(self.data.train.len(), recipe.train_limit, recipe.seed);
         let augmentation = recipe.augmentation()?;
@@ -652,13 +764,16 @@ impl DeviceTrainer {
         .map_err(edgefreeze_train::TrainError::from)?;
         let total = self.total_steps();
         let mode = self.mode();
-        let mut link = self.session.stream();
+        let needs_seed = match &self.session {
+            EdgeConn::Remote(session) => session.opened.needs_dropout_seed,
+            EdgeConn::Local(_) => false,
+        } || matches!(link, EpochLink::Local(l) if l.takes_dropout_seed());
         for (k, batch) in loader.enumerate() {
             let index = start_batch + k;
             let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
             let (input, labels) = batch_values(batch)?;
             let mut micro_batches = split_batch(&input, &labels, self.run.split.micro_batches)?;
-            if self.takes_dropout_seed || self.session.opened.needs_dropout_seed {
+            if self.takes_dropout_seed || needs_seed {
                 let m = micro_batches.len() as u64;
                 for (i, mb) in micro_batches.iter_mut().enumerate() {
                     mb.dropout_seed = Some(dropout_seed(recipe.seed, self.steps_done * m + i as u64));
@@ -673,7 +788,7 @@ impl DeviceTrainer {
                 frozen_device: self.run.split.freeze_device,
                 checkpoint: index + 1 == batches,
             };
-            let report = run_step(&mut self.device, &mut link, &micro_batches, &settings)?;
+            let report = run_step(&mut self.device, link, &micro_batches, &settings)?;
             if !report.loss.is_finite() {
                 return Err(DeviceError::Diverged { step: self.steps_done + 1, epoch, loss: report.loss });
             }
@@ -708,23 +823,26 @@ impl DeviceTrainer {
             }
             let every = self.options.sync_every;
             if every > 0 && self.steps_done.is_multiple_of(every) && index + 1 < batches {
-                self.sync()?;
+                self.sync_with(Some(link))?;
             }
         }
-        if link.edge_checkpoint_missed() && !self.warned_no_edge_checkpoint {
+        if matches!(link, EpochLink::Remote(l) if l.edge_checkpoint_missed()) && !self.warned_no_edge_checkpoint {
             self.warned_no_edge_checkpoint = true;
             let line = "warning: the edge server keeps no checkpoints (it was started without --state-dir): this run \
                         trains on, but --resume cannot continue it there";
             bar.println(line);
         }
-        drop(link);
-        self.sync()
+        self.sync_with(Some(link))
     }
 
     /// Takes a consistent copy of both sides at the current step (between steps): the
     /// device's state, and the edge's, fetched.
     fn sync(&mut self) -> Result<()> {
-        let edge = self.session.fetch_state(&Self::between_steps(&self.header, self.steps_done))?;
+        self.sync_with(None)
+    }
+
+    fn sync_with(&mut self, lent: Option<&EpochLink>) -> Result<()> {
+        let edge = self.edge_state_with(lent)?;
         self.consistent = Some(Consistent { step: self.steps_done, device: self.device.state()?, edge });
         Ok(())
     }
@@ -788,6 +906,9 @@ impl DeviceTrainer {
                     }
                 }
             }
+            if Instant::now() >= deadline && self.options.alone_if_no_edge {
+                return self.go_alone(epoch, address, message, consistent, lost_step, metrics);
+            }
             if Instant::now() >= deadline {
                 refusals.dedup();
                 return Err(DeviceError::EdgeLost {
@@ -826,9 +947,56 @@ impl DeviceTrainer {
             history: Vec::new(),
             reason,
         })?;
-        self.session = session;
+        self.session = EdgeConn::Remote(Box::new(session));
         self.header = header;
         self.place = place;
+        self.consistent = Some(consistent);
+        Ok(self.steps_done)
+    }
+
+    /// No server is left: the edge side goes on on the device from the last consistent
+    /// copy → the step training continues from.
+    fn go_alone(
+        &mut self,
+        epoch: usize,
+        address: &str,
+        message: &str,
+        consistent: Consistent,
+        lost_step: u64,
+        metrics: &mut MetricsLog,
+    ) -> Result<u64> {
+        let graphs_dir = self.dir.join(GRAPHS_DIR);
+        let manifest = read_manifest(&graphs_dir)?;
+        let model = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
+        let graphs = split_graphs(&model, &self.run.split, &manifest.loss, &manifest.optimizer)?;
+        let engine = &self.options.train;
+        let local = LocalEdge::new(&graphs, &consistent.edge, &engine.engine, &engine.engine_options)?;
+        self.device.restore(&consistent.device)?;
+        self.steps_done = consistent.step;
+        let reason = format!(
+            "the edge at {address} was lost at update {lost_step} ({message}) and no edge server took the run over \
+             in {:.0} s: training alone on the device from update {}, the last consistent copy of both sides ({} \
+             updates done again)",
+            self.options.failover_wait.as_secs_f64(),
+            consistent.step,
+            lost_step - consistent.step
+        );
+        if self.options.train.progress {
+            eprintln!("{reason}");
+        }
+        metrics.push_decision(Decision {
+            epoch,
+            step: consistent.step,
+            kind: DecisionKind::Failover,
+            layer: Some(self.run.split.cut),
+            depth: if self.run.split.freeze_device { self.run.split.cut + 1 } else { 0 },
+            history: Vec::new(),
+            reason,
+        })?;
+        self.session = EdgeConn::Local(Some(Box::new(local)));
+        self.header = pb::Header { session_id: ALONE.into(), step: self.steps_done, micro_batch: 0, model_version: 1 };
+        self.place =
+            EdgePlace { address: ALONE.into(), run_id: self.run.run_id.clone(), cut: Some(self.run.split.cut) };
         self.consistent = Some(consistent);
         Ok(self.steps_done)
     }
@@ -883,9 +1051,11 @@ impl DeviceTrainer {
             // The copy was of the old split; the next sync takes one of the new.
             self.consistent = None;
         }
-        let old = std::mem::replace(&mut self.session, session);
+        let old = std::mem::replace(&mut self.session, EdgeConn::Remote(Box::new(session)));
         // The old server keeps nothing of the run's future; its checkpoints stay.
-        let _ = old.close(&Self::between_steps(&self.header, step));
+        if let EdgeConn::Remote(old) = old {
+            let _ = old.close(&Self::between_steps(&self.header, step));
+        }
         let what = if new_cut == old_cut {
             format!("migrated the edge side from {} to {}", self.place.address, place.address)
         } else {
@@ -964,7 +1134,10 @@ impl DeviceTrainer {
 
     /// Frees the session on the edge (its checkpoints stay, for a later resume).
     pub fn close(self) -> Result<()> {
-        self.session.close(&Self::between_steps(&self.header, self.steps_done))
+        match &self.session {
+            EdgeConn::Remote(session) => session.close(&Self::between_steps(&self.header, self.steps_done)),
+            EdgeConn::Local(_) => Ok(()),
+        }
     }
 }
 

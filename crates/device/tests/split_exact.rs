@@ -3,24 +3,21 @@
 //! optimizer state after N steps agree within f32 rounding for M = 1, 2 and 4
 //! micro-batches, pipelined and sequential, for models without BatchNorm (MLP, LeNet-5).
 //!
-//! The edge here is in-process: the split's edge step and edge apply graphs in their own
-//! workspace behind the pipeline's [`Link`] trait, summing n_i-weighted gradients and
-//! applying them with `grad_scale` = 1/Σn_i as the edge server does. No network: the
+//! The edge here is in-process ([`LocalEdge`]): the split's edge step and edge apply
+//! graphs in their own workspace behind the pipeline's `Link` trait, in the edge server's
+//! arithmetic (n_i-weighted gradient sums, their mean applied with `grad_scale` = 1). No network: the
 //! gRPC edge is tested end to end in the CLI's tests.
 
 use edgefreeze_autodiff::training::{TrainingSpec, UPDATED_PREFIX, training_step_graph};
-use edgefreeze_autodiff::{GRAD_SCALE, Loss, Optimizer};
+use edgefreeze_autodiff::{Loss, Optimizer};
 use edgefreeze_device::compute::{DeviceGraphs, GraphDevice, LEARNING_RATE};
-use edgefreeze_device::pipeline::{
-    Download, EdgeTimes, GradientSum, Link, Mode, StepSettings, Tag, Upload, run_step, split_batch,
-};
-use edgefreeze_device::{DeviceError, Result};
-use edgefreeze_engine::{EngineKind, EngineOptions, GraphId, StateUpdates, Value, Workspace};
+use edgefreeze_device::local::LocalEdge;
+use edgefreeze_device::pipeline::{Mode, StepSettings, run_step, split_batch};
+use edgefreeze_engine::{EngineKind, EngineOptions, StateUpdates, Value};
 use edgefreeze_graph::save::encode_model;
 use edgefreeze_rewrite::{SplitOptions, StepSpec, split};
 use edgefreeze_train::tensors::value_from_tensor;
 use ndarray::{ArrayD, IxDyn};
-use std::collections::VecDeque;
 use std::path::PathBuf;
 
 fn model(name: &str) -> edgefreeze_graph::Model {
@@ -40,58 +37,6 @@ fn loss() -> Loss {
 fn outputs_updating(model: &edgefreeze_graph::Model, state: &[String]) -> StateUpdates {
     let outputs: Vec<String> = model.graph.outputs.iter().map(|o| o.name.clone()).collect();
     StateUpdates::where_output_exists(UPDATED_PREFIX, state.iter().map(String::as_str), &outputs)
-}
-
-/// The split's edge side in a workspace, answering in order.
-struct LocalEdge {
-    workspace: Box<dyn Workspace>,
-    step: GraphId,
-    apply: GraphId,
-    sums: GradientSum,
-    samples: usize,
-    replies: VecDeque<Download>,
-    state: Vec<String>,
-}
-
-impl Link for LocalEdge {
-    fn send(&mut self, up: Upload) -> Result<()> {
-        let n = up.labels.shape()[0];
-        let out = self.workspace.run(self.step, &[("activation", &up.activation), ("labels", &up.labels)])?;
-        let get = |name: &str| out.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-        for (name, value) in &out {
-            if name.starts_with("grad.") && name != "grad.activation" {
-                self.sums.add(name, value, n as f64)?;
-            }
-        }
-        self.samples += n;
-        let scalar =
-            |v: Option<Value>| v.and_then(|v| v.as_f32().and_then(|a| a.iter().next().copied())).map(f64::from);
-        self.replies.push_back(Download {
-            tag: up.tag,
-            loss: scalar(get("loss")).unwrap(),
-            correct: get("correct").and_then(|v| v.as_i64().map(|a| a.iter().sum::<i64>() as f64)).unwrap_or(0.0),
-            grad_activation: get("grad.activation"),
-            edge: EdgeTimes::default(),
-            arrived_us: None,
-        });
-        Ok(())
-    }
-
-    fn recv(&mut self) -> Result<Download> {
-        self.replies.pop_front().ok_or_else(|| DeviceError::Link("nothing to receive".into()))
-    }
-
-    fn apply_update(&mut self, tag: &Tag, lr: f64, _checkpoint: bool) -> Result<Tag> {
-        let sums = self.sums.take();
-        let lr = Value::scalar_f32(lr as f32);
-        let scale = Value::scalar_f32(1.0 / self.samples as f32);
-        let mut feeds: Vec<(&str, &Value)> = sums.iter().map(|(n, v)| (n.as_str(), v)).collect();
-        feeds.push((LEARNING_RATE, &lr));
-        feeds.push((GRAD_SCALE, &scale));
-        self.workspace.run(self.apply, &feeds)?;
-        self.samples = 0;
-        Ok(Tag { step: tag.step + 1, ..tag.clone() })
-    }
 }
 
 fn batch(step: u64, n: usize, sample: &[usize]) -> (Value, Value) {
@@ -179,25 +124,7 @@ fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
                 &options(),
             )
             .unwrap();
-            let mut ws = edgefreeze_engine::workspace(&EngineKind::Tract, &options()).unwrap();
-            for (n, v) in pick(&edge_names) {
-                ws.set_state(&n, v).unwrap();
-            }
-            let step = ws
-                .load_graph(&encode_model(&graphs.edge_step), outputs_updating(&graphs.edge_step, &edge_names))
-                .unwrap();
-            let apply = ws
-                .load_graph(&encode_model(&graphs.edge_apply), outputs_updating(&graphs.edge_apply, &edge_names))
-                .unwrap();
-            let mut edge = LocalEdge {
-                workspace: ws,
-                step,
-                apply,
-                sums: GradientSum::default(),
-                samples: 0,
-                replies: VecDeque::new(),
-                state: edge_names.clone(),
-            };
+            let mut edge = LocalEdge::new(&graphs, &initial, &EngineKind::Tract, &options()).unwrap();
             for s in 0..STEPS {
                 let (x, y) = batch(s, BATCH, sample);
                 let settings = StepSettings {
@@ -215,7 +142,7 @@ fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
             }
             let mut worst: f64 = 0.0;
             let mut got = device.state().unwrap();
-            got.extend(edge.state.iter().map(|n| (n.clone(), edge.workspace.state(n).unwrap())));
+            got.extend(edge.state().unwrap());
             for (name, want) in &want {
                 let (_, value) = got.iter().find(|(n, _)| n == name).unwrap();
                 // Both run in f32; the gradient is summed in another order (and, for
