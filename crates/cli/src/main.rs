@@ -5,6 +5,7 @@ mod convert;
 mod edge;
 mod export;
 mod inspect;
+mod plan;
 mod train;
 
 use anyhow::Result;
@@ -31,6 +32,9 @@ enum Command {
     Export(export::ExportArgs),
     /// Run an edge server for device–edge split training (or make a device token).
     Edge(edge::EdgeArgs),
+    /// Probe the device and edge servers and plan a split: predicted step time of every
+    /// (server, cut, micro-batch count), and the choice.
+    Plan(plan::PlanArgs),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
     Bench(bench::BenchArgs),
 }
@@ -44,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Export(args) => export::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Edge(args) => edge::run(&args),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
