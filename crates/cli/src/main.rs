@@ -2,6 +2,7 @@
 
 mod bench;
 mod convert;
+mod device;
 mod edge;
 mod export;
 mod inspect;
@@ -32,9 +33,12 @@ enum Command {
     Export(export::ExportArgs),
     /// Run an edge server for device–edge split training (or make a device token).
     Edge(edge::EdgeArgs),
+    /// Train a split model's device side on this device's data, with an edge server
+    /// training the rest.
+    Device(Box<device::DeviceArgs>),
     /// Probe the device and edge servers and plan a split: predicted step time of every
     /// (server, cut, micro-batch count), and the choice.
-    Plan(plan::PlanArgs),
+    Plan(Box<plan::PlanArgs>),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
     Bench(bench::BenchArgs),
 }
@@ -48,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Export(args) => export::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Edge(args) => edge::run(&args),
+        Command::Device(args) => device::run(&args),
         Command::Plan(args) => plan::run(&args),
     };
     match result {

@@ -16,7 +16,7 @@ use edgefreeze_train::{
 use std::path::{Path, PathBuf};
 
 /// Where new runs go without `--out`, and where `--resume` without a folder looks.
-const RUNS_ROOT: &str = "runs";
+pub(crate) const RUNS_ROOT: &str = "runs";
 
 /// Arguments of `edgefreeze train`.
 #[derive(Debug, clap::Args)]
@@ -34,27 +34,9 @@ pub struct TrainArgs {
     /// Run folder (default: a new numbered folder runs/<model>-<data>/NNNN).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Epochs.
-    #[arg(long, default_value_t = 10)]
-    pub epochs: usize,
-    /// Batch size.
-    #[arg(long, default_value_t = 128)]
-    pub batch: usize,
-    /// Base learning rate (default: the optimizer's `lr=`, else 0.1 for SGD).
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// Learning-rate schedule: constant, cosine or step:every=E,gamma=G.
-    #[arg(long, default_value = "cosine")]
-    pub schedule: String,
-    /// Updates of linear learning-rate warm-up before the schedule.
-    #[arg(long, default_value_t = 0)]
-    pub warmup: u64,
-    /// Optimizer: `sgd:momentum=0.9,wd=5e-4[,nesterov]` or `adamw:beta1=0.9,beta2=0.999,wd=0.01`.
-    #[arg(long, default_value = "sgd:momentum=0.9,wd=5e-4")]
-    pub optimizer: String,
-    /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
-    #[arg(long, default_value = "cross-entropy")]
-    pub loss: String,
+    /// The recipe.
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
     /// Freezing: N (the first N layers, for the whole run), `auto` (Egeria: layers freeze
     /// front to back when their plasticity against an int8 reference model is stable;
     /// unfrozen on a learning-rate drop), or `schedule:<update>=<layers>,...` (a fixed
@@ -97,6 +79,41 @@ pub struct TrainArgs {
     /// Folder of the activation cache (default: <run>/cache).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// The engine.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Draw loss and accuracy curves to this PNG after every epoch.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// No progress bar or per-epoch lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The recipe flags, shared by `train` and `device train`.
+#[derive(Debug, clap::Args)]
+pub struct RecipeArgs {
+    /// Epochs.
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Base learning rate (default: the optimizer's `lr=`, else 0.1 for SGD).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Learning-rate schedule: constant, cosine or step:every=E,gamma=G.
+    #[arg(long, default_value = "cosine")]
+    pub schedule: String,
+    /// Updates of linear learning-rate warm-up before the schedule.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u64,
+    /// Optimizer: `sgd:momentum=0.9,wd=5e-4[,nesterov]` or `adamw:beta1=0.9,beta2=0.999,wd=0.01`.
+    #[arg(long, default_value = "sgd:momentum=0.9,wd=5e-4")]
+    pub optimizer: String,
+    /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
+    #[arg(long, default_value = "cross-entropy")]
+    pub loss: String,
     /// Seed of the data order, augmentation and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -112,6 +129,33 @@ pub struct TrainArgs {
     /// Write a step record to metrics.jsonl every N updates.
     #[arg(long, default_value_t = 20)]
     pub log_every: u64,
+}
+
+impl RecipeArgs {
+    /// The recipe these flags give, with `default_lr` where `--lr` is not given.
+    pub fn recipe(&self, default_lr: f64) -> Result<Recipe> {
+        if self.batch == 0 || self.epochs == 0 {
+            bail!("--batch and --epochs must be at least 1");
+        }
+        let lr = self.lr.unwrap_or(default_lr);
+        let recipe = Recipe {
+            epochs: self.epochs,
+            batch: self.batch,
+            schedule: Schedule::parse(&self.schedule, lr, self.warmup).context("--schedule")?,
+            seed: self.seed,
+            augment: self.augment.clone(),
+            train_limit: self.limit,
+            test_limit: self.test_limit,
+            log_every: self.log_every,
+        };
+        recipe.augmentation().context("--augment")?;
+        Ok(recipe)
+    }
+}
+
+/// The engine flags, shared by `train` and `device train`.
+#[derive(Debug, clap::Args)]
+pub struct EngineArgs {
     /// Engine: tract (pure Rust), ort:cpu, ort:cuda or ort:xnnpack.
     #[arg(long, default_value = "tract")]
     pub engine: String,
@@ -121,12 +165,13 @@ pub struct TrainArgs {
     /// The ONNX Runtime library (default: ORT_DYLIB_PATH, then the onnxruntime Python package).
     #[arg(long)]
     pub ort_lib: Option<PathBuf>,
-    /// Draw loss and accuracy curves to this PNG after every epoch.
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
-    /// No progress bar or per-epoch lines.
-    #[arg(long)]
-    pub quiet: bool,
+}
+
+impl EngineArgs {
+    /// The engine and its options.
+    pub fn settings(&self) -> Result<(EngineKind, EngineOptions)> {
+        engine_settings(&self.engine, self.threads, self.ort_lib.clone())
+    }
 }
 
 /// Engine settings from the shared flags.
@@ -222,7 +267,7 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
 
 /// Runs `train`.
 pub fn run(args: &TrainArgs) -> Result<()> {
-    let (engine, engine_options) = engine_settings(&args.engine, args.threads, args.ort_lib.clone())?;
+    let (engine, engine_options) = args.engine.settings()?;
     let options = TrainOptions {
         engine: engine.clone(),
         engine_options,
@@ -300,25 +345,12 @@ fn start(args: &TrainArgs, model: &Path, data: &str, options: TrainOptions) -> R
         FreezeArg::Fixed(n) => n,
         FreezeArg::Controlled(_) => 0,
     };
-    let source = ModelSource::from_path(model, &args.loss, &args.optimizer, fixed);
-    let lr = match args.lr {
+    let source = ModelSource::from_path(model, &args.recipe.loss, &args.recipe.optimizer, fixed);
+    let default_lr = match args.recipe.lr {
         Some(lr) => lr,
         None => source.default_learning_rate()?,
     };
-    let recipe = Recipe {
-        epochs: args.epochs,
-        batch: args.batch,
-        schedule: Schedule::parse(&args.schedule, lr, args.warmup).context("--schedule")?,
-        seed: args.seed,
-        augment: args.augment.clone(),
-        train_limit: args.limit,
-        test_limit: args.test_limit,
-        log_every: args.log_every,
-    };
-    recipe.augmentation().context("--augment")?;
-    if args.batch == 0 || args.epochs == 0 {
-        bail!("--batch and --epochs must be at least 1");
-    }
+    let recipe = args.recipe.recipe(default_lr)?;
     // Freezing settings are checked before anything is written, so a refused flag
     // leaves nothing behind.
     let settings = match &freeze {
@@ -360,7 +392,7 @@ fn start(args: &TrainArgs, model: &Path, data: &str, options: TrainOptions) -> R
     let started = (|| -> Result<Trainer> {
         let controller: Box<dyn Controller> = match settings {
             Some(settings) => {
-                if settings.cache.enabled && args.augment.is_none() {
+                if settings.cache.enabled && args.recipe.augment.is_none() {
                     check_cache_writable(&settings.cache.dir.clone().unwrap_or_else(|| dir.join("cache")))
                         .context("--cache-dir")?;
                 }

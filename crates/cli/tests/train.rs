@@ -1,32 +1,11 @@
 //! `edgefreeze train` (with freezing: `--freeze auto|schedule:...`), `export` and `bench`
 //! as a user runs them.
 
+mod common;
+
+use common::{edgefreeze, fashion_mnist_available, model, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn model(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(name)
-}
-
-fn edgefreeze(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_edgefreeze")).args(args).output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn fashion_mnist_available() -> bool {
-    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
-        return true;
-    }
-    assert!(
-        !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
-        "EDGEFREEZE_REQUIRE_DATA is set but Fashion-MNIST is missing"
-    );
-    eprintln!("skipping: apt-get install -y dataset-fashion-mnist");
-    false
-}
+use std::process::Output;
 
 #[test]
 fn train_resume_and_export_from_the_command_line() {

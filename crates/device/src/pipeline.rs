@@ -170,6 +170,10 @@ pub struct Download {
     pub grad_activation: Option<Value>,
     /// The edge's timestamps.
     pub edge: EdgeTimes,
+    /// When the reply reached the device (its clock, µs since the Unix epoch), where the
+    /// link knows it; otherwise the pipeline takes the moment it read the reply, which is
+    /// later when the device was busy with another micro-batch.
+    pub arrived_us: Option<i64>,
 }
 
 /// The stream to the edge and its control calls.
@@ -373,7 +377,7 @@ pub fn run_step<D: DeviceSide, L: Link>(
             continue;
         }
         let reply = link.recv()?;
-        let received_us = now_us();
+        let received_us = reply.arrived_us.unwrap_or_else(now_us);
         let Some(mut waiting) = in_flight.pop_front() else {
             return Err(DeviceError::Reply {
                 step: reply.tag.step,
@@ -574,6 +578,7 @@ mod tests {
                     correct: 0.0,
                     grad_activation: (!frozen).then(|| Value::F64(g.into_dyn())),
                     edge: EdgeTimes::default(),
+                    arrived_us: None,
                 }
             };
             for msg in from_device {
@@ -602,6 +607,7 @@ mod tests {
                                 correct: 0.0,
                                 grad_activation: None,
                                 edge: EdgeTimes::default(),
+                                arrived_us: None,
                             })
                             .unwrap();
                     }

@@ -7,6 +7,7 @@ use crate::error::{DeviceError, Result};
 use edgefreeze_autodiff::artifacts::{Side, parse_loss, parse_optimizer};
 use edgefreeze_rewrite::{SplitOptions, StepSpec};
 use edgefreeze_train::tensors::value_from_tensor;
+use edgefreeze_wire::pb;
 use std::path::Path;
 
 /// How the model is split and a step pipelined.
@@ -23,6 +24,22 @@ pub struct SplitSettings {
     pub recompute: bool,
     /// The device's layers are frozen (no device backward, no gradient download).
     pub freeze_device: bool,
+}
+
+/// The edge's split request for these settings.
+pub fn split_request(model: Vec<u8>, split: &SplitSettings, loss: &str, optimizer: &str) -> Result<pb::SplitRequest> {
+    let bad = |e: edgefreeze_autodiff::AutodiffError| DeviceError::Config(e.to_string());
+    let loss = parse_loss(loss).map_err(bad)?;
+    let (optimizer, _) = parse_optimizer(optimizer).map_err(bad)?;
+    let too_large = |what: &str| DeviceError::Config(format!("{what} is too large"));
+    Ok(pb::SplitRequest {
+        model,
+        cut_after_layer: u32::try_from(split.cut).map_err(|_| too_large("--cut"))?,
+        loss: Some(edgefreeze_wire::convert::loss_to_wire(&loss).map_err(|e| DeviceError::Config(e.to_string()))?),
+        optimizer: Some(edgefreeze_wire::convert::optimizer_to_wire(&optimizer)),
+        micro_batches: u32::try_from(split.micro_batches).map_err(|_| too_large("--micro-batches"))?,
+        frozen_device_layers: split.freeze_device,
+    })
 }
 
 /// The device's graphs and initial state for a model file and split settings: the

@@ -72,6 +72,7 @@ impl Link for LocalEdge {
             correct: get("correct").and_then(|v| v.as_i64().map(|a| a.iter().sum::<i64>() as f64)).unwrap_or(0.0),
             grad_activation: get("grad.activation"),
             edge: EdgeTimes::default(),
+            arrived_us: None,
         });
         Ok(())
     }

@@ -502,11 +502,6 @@ impl Worker {
         if !request.lr.is_finite() || request.lr < 0.0 {
             return Err(Status::invalid_argument(format!("learning rate {} is not a finite number ≥ 0", request.lr)));
         }
-        if request.checkpoint && self.store.is_none() {
-            return Err(Status::failed_precondition(
-                "checkpoint asked for, but this edge server keeps no checkpoints (start it with --state-dir)",
-            ));
-        }
         // The batch's mean gradient: Σ n_i g_i / Σ n_i, which is the full batch's gradient
         // when nothing in the edge side couples samples (BatchNorm does, per micro-batch).
         let total = self.samples as f64;
@@ -566,7 +561,9 @@ impl Worker {
         Ok(ApplyUpdateResponse {
             header: Some(Header::new(&self.info.id, self.step, 0, self.info.model_version)),
             state_bytes: self.shared.state_bytes.load(Ordering::Relaxed),
-            checkpointed: request.checkpoint,
+            // A server without --state-dir keeps no checkpoints: it says so here (the device
+            // warns that the run cannot be resumed) rather than failing the update.
+            checkpointed: request.checkpoint && self.store.is_some(),
             compute_start_unix_nanos: compute_start,
             compute_end_unix_nanos: compute_end,
         })

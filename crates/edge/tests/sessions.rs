@@ -302,6 +302,27 @@ async fn oversized_messages_are_refused() {
     server.shutdown().await.unwrap();
 }
 
+/// A server without a state folder applies an update that asks for a checkpoint and
+/// answers that it wrote none (the device warns that its run cannot be resumed), and
+/// refuses to resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_state_folder_updates_apply_but_write_no_checkpoint() {
+    let lines = Lines::default();
+    let server = start(config(whole_model_builder(), &lines)).await;
+    let mut c = client(&server, 0).await;
+    let split = split_request("mlp", 0, 1, true);
+    let open = c.open_session(open_request("run-1", split.clone(), None)).await.unwrap().into_inner();
+    let (_, status) = stream(&mut c, vec![up(&open, 0, 0, &noise(5, N), &SHAPE, &labels(5, 4, 10))]).await;
+    assert!(status.is_none(), "{status:?}");
+    let applied = c.apply_update(apply(&open, 0, true)).await.unwrap().into_inner();
+    assert!(!applied.checkpointed);
+    assert_eq!(applied.header.unwrap().step, 1, "the update was applied");
+    let status = c.open_session(open_request("run-1", split, Some(1))).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("keeps no checkpoints"), "{status:?}");
+    server.shutdown().await.unwrap();
+}
+
 /// With a state folder, a run's edge state after an update with `checkpoint` is on disk;
 /// reopening the run at that step restores it exactly, a step without a checkpoint or
 /// another split is refused, and a new run with a taken name is refused.

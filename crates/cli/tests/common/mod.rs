@@ -26,6 +26,20 @@ pub fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
+/// Whether Debian's Fashion-MNIST is installed; with `EDGEFREEZE_REQUIRE_DATA` set, its
+/// absence fails the test instead of skipping it.
+pub fn fashion_mnist_available() -> bool {
+    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
+        return true;
+    }
+    assert!(
+        !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
+        "EDGEFREEZE_REQUIRE_DATA is set but Fashion-MNIST is missing"
+    );
+    eprintln!("skipping: apt-get install -y dataset-fashion-mnist");
+    false
+}
+
 /// Asserts the command failed and its error, the last line of standard error (after any
 /// progress lines), is exactly `message`.
 pub fn fails_with(out: &Output, message: &str) {

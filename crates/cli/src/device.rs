@@ -1,0 +1,242 @@
+//! `edgefreeze device train`: train the front of a model on this device's data, with an
+//! edge server training the rest.
+
+use crate::train::{EngineArgs, RUNS_ROOT, RecipeArgs};
+use anyhow::{Context, Result, bail};
+use edgefreeze_device::split::SplitSettings;
+use edgefreeze_device::trainer::{DeviceOptions, DeviceTrainer, EdgeAddress, create_device_run, schedule_plot_path};
+use edgefreeze_train::run::{check_writable, claim_numbered, free_run_folder, next_numbered, resolve_run, runs_parent};
+use edgefreeze_train::{ModelSource, TrainOptions};
+use edgefreeze_wire::auth::Credentials;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `edgefreeze device`.
+#[derive(Debug, clap::Args)]
+pub struct DeviceArgs {
+    #[command(subcommand)]
+    command: DeviceCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DeviceCommand {
+    /// Train the device's layers of a split model with an edge server training the rest.
+    Train(DeviceTrainArgs),
+}
+
+/// Arguments of `edgefreeze device train`.
+#[derive(Debug, clap::Args)]
+pub struct DeviceTrainArgs {
+    /// The edge server: HOST:PORT or http://HOST:PORT.
+    #[arg(long)]
+    pub edge: String,
+    /// This device's id, as the edge's tokens file lists it.
+    #[arg(long, default_value = "device")]
+    pub device_id: String,
+    /// This device's token (default: the EDGEFREEZE_TOKEN environment variable, which
+    /// keeps it out of the process list).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// An inference ONNX model.
+    #[arg(long, required_unless_present = "resume")]
+    pub model: Option<PathBuf>,
+    /// Dataset: fashion-mnist, mnist, spam-assassin, cifar10:<dir> or idx:<dir>.
+    #[arg(long, required_unless_present = "resume")]
+    pub data: Option<String>,
+    /// Continue the device run in this folder (or the latest numbered run in it) from its
+    /// last checkpoint; the edge resumes its side at the same step.
+    #[arg(long, conflicts_with_all = ["model", "data", "out"])]
+    pub resume: Option<PathBuf>,
+    /// Run folder (default: a new numbered folder runs/<model>-<data>-device/NNNN).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Cut the model after this layer (`edgefreeze inspect` lists the valid cuts).
+    #[arg(long, required_unless_present = "resume")]
+    pub cut: Option<usize>,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 4)]
+    pub micro_batches: usize,
+    /// Sequential split learning: one micro-batch in flight (the baseline).
+    #[arg(long)]
+    pub sequential: bool,
+    /// The device backward recomputes its forward instead of keeping activations.
+    #[arg(long)]
+    pub recompute: bool,
+    /// Freeze the device's layers: no device backward and no gradient download.
+    #[arg(long)]
+    pub freeze_device: bool,
+    /// Micro-batches in flight at most (default: all of a step's).
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+    /// The recipe.
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
+    /// The engine.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Draw loss and accuracy curves to this PNG after every epoch, and the pipeline's
+    /// schedule (Gantt chart of the first steps) to FILE-schedule.png.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// No progress bar or per-epoch lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Runs `device ...`.
+pub fn run(args: &DeviceArgs) -> Result<()> {
+    match &args.command {
+        DeviceCommand::Train(args) => train(args),
+    }
+}
+
+fn train(args: &DeviceTrainArgs) -> Result<()> {
+    let (engine, engine_options) = args.engine.settings()?;
+    let token = match &args.token {
+        Some(t) => t.clone(),
+        None => std::env::var("EDGEFREEZE_TOKEN").context("give --token or set EDGEFREEZE_TOKEN")?,
+    };
+    let credentials = Credentials::new(&args.device_id, &token).context("--device-id / --token")?;
+    if args.max_in_flight == Some(0) {
+        bail!("--max-in-flight must be at least 1");
+    }
+    let (dir, made) = match (&args.resume, &args.model, &args.data, args.cut) {
+        (Some(dir), _, _, _) => (resolve_run(dir)?, None),
+        (None, Some(model), Some(data), Some(cut)) => {
+            let split = SplitSettings {
+                cut,
+                micro_batches: args.micro_batches,
+                sequential: args.sequential,
+                recompute: args.recompute,
+                freeze_device: args.freeze_device,
+            };
+            let (dir, made) = new_run_folder(args, model, data)?;
+            if !args.quiet {
+                eprintln!("new device run in {}: converting {}", dir.display(), model.display());
+            }
+            let created = (|| -> Result<()> {
+                let source = ModelSource::from_path(model, &args.recipe.loss, &args.recipe.optimizer, 0);
+                let recipe = args.recipe.recipe(source.default_learning_rate()?)?;
+                create_device_run(&dir, model, &args.recipe.loss, &args.recipe.optimizer, data, &recipe, split)?;
+                Ok(())
+            })();
+            if let Err(e) = created {
+                made.undo(&dir);
+                return Err(e).with_context(|| format!("creating the device run in {}", dir.display()));
+            }
+            (dir, Some(made))
+        }
+        _ => bail!("give --model, --data and --cut, or --resume RUN_DIR"),
+    };
+    let options = DeviceOptions {
+        train: TrainOptions {
+            engine: engine.clone(),
+            engine_options,
+            plot: args.plot.clone(),
+            progress: !args.quiet,
+            ..TrainOptions::default()
+        },
+        max_in_flight: args.max_in_flight,
+        ..DeviceOptions::default()
+    };
+    let edge = EdgeAddress { address: args.edge.clone(), credentials };
+    let mut trainer = match DeviceTrainer::open(&dir, &edge, options) {
+        Ok(t) => t,
+        Err(e) => {
+            // A run that could not start (the edge unreachable, a wrong token) leaves no
+            // folder this command made: the retry starts clean.
+            if let Some(made) = made {
+                made.undo(&dir);
+            }
+            return Err(e).with_context(|| {
+                format!("opening the device run in {} with the edge at {}", dir.display(), args.edge)
+            });
+        }
+    };
+    let spec = trainer.spec().clone();
+    let split = trainer.device_run().split.clone();
+    if !args.quiet {
+        let opened = trainer.session();
+        eprintln!(
+            "training {} on {} split after layer {} with the edge at {} ({}, {} micro-batches{}{}; edge state {} \
+             bytes): {} epochs of batch {}, {} updates on {engine}; run folder {}",
+            spec.model,
+            spec.data,
+            split.cut,
+            args.edge,
+            if split.sequential { "sequential" } else { "pipelined" },
+            split.micro_batches,
+            if split.recompute { ", recompute" } else { "" },
+            if split.freeze_device { ", device layers frozen" } else { "" },
+            opened.state_bytes,
+            spec.recipe.epochs,
+            spec.recipe.batch,
+            trainer.total_steps(),
+            dir.display()
+        );
+        if trainer.epochs_done() > 0 {
+            eprintln!("resuming after epoch {} (step {}) on both sides", trainer.epochs_done(), trainer.steps_done());
+        }
+    }
+    if trainer.epochs_done() >= spec.recipe.epochs {
+        println!("nothing to do: the run in {} has done its {} epochs", dir.display(), spec.recipe.epochs);
+        return trainer.close().context("closing the session");
+    }
+    let summary = trainer.run()?;
+    trainer.close().context("closing the session")?;
+    if let Some(acc) = summary.test_accuracy {
+        println!(
+            "trained {} epochs ({} updates): test accuracy {:.2}%; device checkpoint {}",
+            summary.epochs,
+            summary.steps,
+            100.0 * acc,
+            summary.checkpoint.display()
+        );
+    }
+    if let Some(plot) = &args.plot {
+        println!("plots: {} and {}", plot.display(), schedule_plot_path(plot).display());
+    }
+    Ok(())
+}
+
+/// Whether this command made a run folder (to remove it again when the start fails).
+enum Made {
+    /// A numbered folder, or an `--out` folder that did not exist.
+    Folder,
+    /// An `--out` folder that existed (empty, or holding a run that never started).
+    Existing,
+}
+
+impl Made {
+    fn undo(&self, dir: &Path) {
+        match self {
+            Made::Folder => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            // Not ours to delete; what the failed start wrote is an unstarted run, which
+            // the next start replaces.
+            Made::Existing => {}
+        }
+    }
+}
+
+/// The folder of a new device run: `--out`, checked free and writable, or the next
+/// numbered folder under runs/<model>-<data>-device (claimed, so two runs never share it).
+fn new_run_folder(args: &DeviceTrainArgs, model: &Path, data: &str) -> Result<(PathBuf, Made)> {
+    match &args.out {
+        Some(out) => {
+            check_writable(out).with_context(|| format!("nothing written to {}", out.display()))?;
+            free_run_folder(out)?;
+            let made = if out.exists() { Made::Existing } else { Made::Folder };
+            if matches!(made, Made::Existing) && !args.quiet {
+                eprintln!("{} holds no started run: a new run replaces what is there", out.display());
+            }
+            Ok((out.clone(), made))
+        }
+        None => {
+            let mut parent = runs_parent(Path::new(RUNS_ROOT), model, data).into_os_string();
+            parent.push("-device");
+            let wanted = next_numbered(Path::new(&parent))?;
+            Ok((claim_numbered(&wanted)?, Made::Folder))
+        }
+    }
+}

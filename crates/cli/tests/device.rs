@@ -1,0 +1,512 @@
+//! Device–edge split training on loopback: an `edgefreeze edge serve` process and the
+//! device trainer (in this process, or as a second `edgefreeze device train` process).
+//!
+//! - exactness: parameters of both sides after pipelined split training equal local
+//!   training (`edgefreeze train`'s trainer) on the same batches, for M = 1, 2, 4;
+//! - separate processes, end to end, with the schedule chart;
+//! - privacy: a TCP proxy between device and edge records every byte the device sends;
+//!   no training sample's f32 bytes are in it, its labels are;
+//! - a wrong token or an unknown device is refused;
+//! - resume of both sides, and a clear error when the edge cannot resume at the device's step.
+
+mod common;
+
+use common::{fashion_mnist_available, model, text};
+use edgefreeze_device::split::SplitSettings;
+use edgefreeze_device::trainer::{DeviceOptions, DeviceTrainer, EdgeAddress, create_device_run};
+use edgefreeze_engine::{EngineOptions, Value};
+use edgefreeze_train::{ModelSource, Recipe, Schedule, TrainOptions, Trainer, create_run};
+use edgefreeze_wire::auth::Credentials;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+const TOKEN: &str = "tok-0123456789abcdef";
+
+/// An `edgefreeze edge serve` process on an ephemeral loopback port, killed on drop.
+struct Edge {
+    child: Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Edge {
+    fn spawn(state_dir: Option<&Path>) -> Edge {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, format!("phone-1 {TOKEN}\nphone-2 {TOKEN}x\n")).unwrap();
+        let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+            .args(["edge", "serve", "--listen", "127.0.0.1:0", "--threads", "1", "--tokens"])
+            .arg(&tokens)
+            .arg("--state-dir")
+            .arg(&state)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        // The server prints the address it listens on once it does.
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().expect("the edge server exited before listening").unwrap();
+            if let Some(at) = line.find("127.0.0.1:") {
+                break line[at..].split_whitespace().next().unwrap().to_string();
+            }
+        };
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Edge { child, address, _dir: dir }
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn recipe(epochs: usize, batch: usize, limit: usize) -> Recipe {
+    Recipe {
+        epochs,
+        batch,
+        schedule: Schedule::parse("constant", 0.05, 0).unwrap(),
+        seed: 3,
+        augment: None,
+        train_limit: Some(limit),
+        test_limit: Some(64),
+        log_every: 1,
+    }
+}
+
+const OPTIMIZER: &str = "sgd:momentum=0.9,wd=5e-4";
+
+fn single_thread() -> TrainOptions {
+    TrainOptions { engine_options: EngineOptions { threads: Some(1), ..Default::default() }, ..TrainOptions::default() }
+}
+
+fn device_options() -> DeviceOptions {
+    DeviceOptions { train: single_thread(), ..DeviceOptions::default() }
+}
+
+fn edge_at(address: &str, device: &str, token: &str) -> EdgeAddress {
+    EdgeAddress { address: address.into(), credentials: Credentials::new(device, token).unwrap() }
+}
+
+/// Trains a device run in this process → (device state, edge state).
+#[allow(clippy::type_complexity)]
+fn device_run(
+    dir: &Path,
+    edge: &EdgeAddress,
+    onnx: &str,
+    split: SplitSettings,
+    recipe: &Recipe,
+) -> (Vec<(String, Value)>, Vec<(String, Value)>) {
+    create_device_run(dir, &model(onnx), "cross-entropy", OPTIMIZER, "fashion-mnist", recipe, split).unwrap();
+    let mut trainer = DeviceTrainer::open(dir, edge, device_options()).unwrap();
+    trainer.run().unwrap();
+    let state = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    state
+}
+
+fn f32s(v: &Value) -> Vec<f64> {
+    v.as_f32().unwrap().iter().map(|&x| f64::from(x)).collect()
+}
+
+/// Relative L2 distance of two tensors.
+fn relative(a: &[f64], b: &[f64]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+    diff / norm.max(1e-30)
+}
+
+#[test]
+fn pipelined_split_training_equals_local_training() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    // 4 updates of 32 samples; the MLP has no BatchNorm and no Dropout, so the
+    // micro-batched gradient is the full batch's gradient up to f32 rounding.
+    let recipe = recipe(1, 32, 128);
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 0);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let local_state = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
+        .unwrap()
+        .state;
+    for (cut, m, sequential) in [(0, 1, true), (0, 2, false), (1, 4, false)] {
+        let split = SplitSettings { cut, micro_batches: m, sequential, recompute: false, freeze_device: false };
+        let (device, edge_state) =
+            device_run(&dir.path().join(format!("split-{cut}-{m}")), &at, "mlp.onnx", split, &recipe);
+        let mut seen = 0;
+        for (name, value) in device.iter().chain(&edge_state) {
+            let Some((_, want)) = local_state.iter().find(|(n, _)| n == name) else { continue };
+            let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+            let (got, want, start) = (f32s(value), f32s(want), f32s(start));
+            // f32 rounding of sums in another order: gradients agree to a few 1e-7
+            // relative; four updates move the parameters by a small fraction of that.
+            let err = relative(&got, &want);
+            let update: Vec<f64> = want.iter().zip(&start).map(|(w, s)| w - s).collect();
+            let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
+            let update_err = relative(&moved, &update);
+            assert!(err < 1e-6 && update_err < 1e-4, "cut {cut} M={m} {name}: {err:e} (update {update_err:e})");
+            seen += 1;
+        }
+        // fc1..fc3 weights and biases, with momentum buffers, on one side or the other.
+        assert_eq!(seen, 12, "cut {cut} M={m}: every parameter and momentum compared");
+    }
+}
+
+#[test]
+fn a_frozen_device_side_equals_local_training_with_that_prefix_frozen() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 32, 128);
+    // Cut after layer 0: layer 0 (fc1) on the device, frozen; locally, `--freeze 1`.
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 1);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let local_state = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
+        .unwrap()
+        .state;
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: true };
+    let (device, edge_state) = device_run(&dir.path().join("split"), &at, "mlp.onnx", split, &recipe);
+    let mut trained = 0;
+    for (name, value) in &device {
+        // The device's parameters never move (and it has no optimizer state to move).
+        let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+        assert_eq!(value, start, "device tensor {name} changed");
+    }
+    for (name, value) in &edge_state {
+        let (_, want) = local_state.iter().find(|(n, _)| n == name).unwrap();
+        // The same f32 rounding argument as the unfrozen test: sums in another order.
+        let err = relative(&f32s(value), &f32s(want));
+        assert!(err < 1e-6, "edge {name}: {err:e}");
+        trained += 1;
+    }
+    // fc2 and fc3, weights and biases, each with a momentum buffer.
+    assert_eq!(trained, 8, "{edge_state:?}");
+    assert!(!device.is_empty());
+}
+
+/// Local training with the same micro-batching, for a BatchNorm model: the whole
+/// model's gradient graph on each micro-batch (BatchNorm with that micro-batch's
+/// statistics), gradients summed weighted by micro-batch share, then SGD with momentum
+/// and weight decay as `torch.optim.SGD` does it, in f64 on the host.
+fn micro_batched_local_training(
+    run: &Path,
+    recipe: &Recipe,
+    m: usize,
+    momentum: f64,
+    weight_decay: f64,
+) -> Vec<(String, Vec<f64>)> {
+    use edgefreeze_engine::StateUpdates;
+    let graphs = run.join("graphs");
+    let mut workspace =
+        edgefreeze_engine::workspace(&edgefreeze_engine::EngineKind::Tract, &single_thread().engine_options).unwrap();
+    let grad = workspace.load_graph(&std::fs::read(graphs.join("grad.onnx")).unwrap(), StateUpdates::none()).unwrap();
+    let initial = edgefreeze_train::checkpoint::read_tensors(&graphs.join("state.safetensors")).unwrap();
+    let parameters: Vec<String> =
+        workspace.outputs(grad).iter().filter_map(|o| o.strip_prefix("grad.").map(String::from)).collect();
+    let mut params: Vec<(String, Vec<f64>)> =
+        parameters.iter().map(|p| (p.clone(), f32s(&initial.iter().find(|(n, _)| n == p).unwrap().1))).collect();
+    let mut velocity: Vec<Vec<f64>> = params.iter().map(|(_, v)| vec![0.0; v.len()]).collect();
+    for (name, value) in &initial {
+        workspace.set_state(name, value.clone()).unwrap();
+    }
+    let data = edgefreeze_data::named::open("fashion-mnist").unwrap();
+    let indices = edgefreeze_train::subset(data.train.len(), recipe.train_limit, recipe.seed);
+    for epoch in 1..=recipe.epochs as u64 {
+        let order: Vec<usize> =
+            edgefreeze_data::epoch_order(indices.len(), recipe.seed, epoch).into_iter().map(|i| indices[i]).collect();
+        for (step, chunk) in order.chunks(recipe.batch).enumerate() {
+            let lr = recipe.schedule.rate(step as u64, 0, epoch as usize - 1);
+            let batch = data.train.batch(chunk, None, recipe.seed, epoch).unwrap();
+            let (input, labels) = edgefreeze_train::batch_values(batch).unwrap();
+            let parts = edgefreeze_device::pipeline::split_batch(&input, &labels, m).unwrap();
+            let mut sums: Vec<Vec<f64>> = params.iter().map(|(_, v)| vec![0.0; v.len()]).collect();
+            for part in &parts {
+                let weight = part.len() as f64 / chunk.len() as f64;
+                let out = workspace.run(grad, &[("input", &part.input), ("labels", &part.labels)]).unwrap();
+                for (k, p) in parameters.iter().enumerate() {
+                    let (_, g) = out.iter().find(|(n, _)| *n == format!("grad.{p}")).unwrap();
+                    for (s, g) in sums[k].iter_mut().zip(f32s(g)) {
+                        *s += weight * g;
+                    }
+                }
+            }
+            for (k, (name, p)) in params.iter_mut().enumerate() {
+                for ((x, v), g) in p.iter_mut().zip(velocity[k].iter_mut()).zip(&sums[k]) {
+                    let g = g + weight_decay * *x;
+                    *v = momentum * *v + g;
+                    *x -= lr * *v;
+                }
+                let shape = initial.iter().find(|(n, _)| n == name).unwrap().1.shape().to_vec();
+                let array = ndarray::ArrayD::from_shape_vec(shape, p.iter().map(|&x| x as f32).collect()).unwrap();
+                workspace.set_state(name, Value::F32(array)).unwrap();
+            }
+        }
+    }
+    params
+}
+
+#[test]
+fn batchnorm_split_training_equals_local_training_with_the_same_micro_batches() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 8, 16);
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("resnet20_28.onnx"), "cross-entropy", OPTIMIZER, 0);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let want = micro_batched_local_training(&local_dir, &recipe, 2, 0.9, 5e-4);
+    // Cut after layer 1 (conv1 and bn1 on the device, both with BatchNorm statistics).
+    let split = SplitSettings { cut: 1, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let (device, edge_state) = device_run(&dir.path().join("split"), &at, "resnet20_28.onnx", split, &recipe);
+    let mut seen = 0;
+    for (name, value) in device.iter().chain(&edge_state) {
+        let Some((_, want)) = want.iter().find(|(n, _)| n == name) else { continue };
+        let err = relative(&f32s(value), want);
+        // f32 graphs against an f64 update of f32 gradients: the gradients' own rounding.
+        assert!(err < 1e-5, "{name}: {err:e}");
+        seen += 1;
+    }
+    assert_eq!(seen, want.len(), "every parameter compared");
+}
+
+/// The bytes one proxied connection's client sent.
+type Record = Arc<Mutex<Vec<u8>>>;
+
+/// A loopback TCP proxy that records every byte each connection sends from the client
+/// to the server.
+struct Proxy {
+    address: String,
+    connections: Arc<Mutex<Vec<Record>>>,
+}
+
+impl Proxy {
+    fn spawn(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let connections: Arc<Mutex<Vec<Record>>> = Arc::default();
+        let all = Arc::clone(&connections);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let server = TcpStream::connect(&target).unwrap();
+                let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let record: Record = Arc::default();
+                all.lock().unwrap().push(Arc::clone(&record));
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n) = c_read.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        record.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+                let (mut s_read, mut c_write) = (server, client);
+                std::thread::spawn(move || std::io::copy(&mut s_read, &mut c_write));
+            }
+        });
+        Proxy { address, connections }
+    }
+
+    /// What the client sent, as the joined HTTP/2 DATA payloads of each stream.
+    fn sent(&self) -> Vec<u8> {
+        let connections = self.connections.lock().unwrap();
+        connections.iter().flat_map(|c| http2_data(&c.lock().unwrap())).flatten().collect()
+    }
+}
+
+/// The payloads of the HTTP/2 DATA frames of one connection's client bytes, joined per
+/// stream: gRPC messages, whose protobuf `bytes` fields (tensor data) are contiguous
+/// there, while on the wire a frame header may cut through them.
+fn http2_data(bytes: &[u8]) -> Vec<Vec<u8>> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    assert!(bytes.starts_with(PREFACE), "not an HTTP/2 connection");
+    let mut streams: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
+    let mut at = PREFACE.len();
+    while at + 9 <= bytes.len() {
+        let len = (usize::from(bytes[at]) << 16) | (usize::from(bytes[at + 1]) << 8) | usize::from(bytes[at + 2]);
+        let (kind, flags) = (bytes[at + 3], bytes[at + 4]);
+        let stream = u32::from_be_bytes(bytes[at + 5..at + 9].try_into().unwrap()) & 0x7fff_ffff;
+        let payload = &bytes[at + 9..(at + 9 + len).min(bytes.len())];
+        if kind == 0 {
+            let data = if flags & 0x8 != 0 {
+                let pad = usize::from(payload[0]);
+                &payload[1..payload.len() - pad]
+            } else {
+                payload
+            };
+            streams.entry(stream).or_default().extend_from_slice(data);
+        }
+        at += 9 + len;
+    }
+    streams.into_values().collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn no_training_sample_leaves_the_device_but_labels_do() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let proxy = Proxy::spawn(edge.address.clone());
+    let at = edge_at(&proxy.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 16, 32);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let run = dir.path().join("run");
+    device_run(&run, &at, "mlp.onnx", split, &recipe);
+
+    // The samples the run trained on, as the device's forward saw them.
+    let data = edgefreeze_data::named::open("fashion-mnist").unwrap();
+    let indices = edgefreeze_train::subset(data.train.len(), recipe.train_limit, recipe.seed);
+    let order: Vec<usize> =
+        edgefreeze_data::epoch_order(indices.len(), recipe.seed, 1).into_iter().map(|i| indices[i]).collect();
+    let batch = data.train.batch(&order, None, recipe.seed, 1).unwrap();
+    let pixels = batch.inputs.as_f32().unwrap();
+
+    let sent = proxy.sent();
+    assert!(sent.len() > 16 * 256 * 4, "the activations went through the proxy ({} bytes)", sent.len());
+    for (k, sample) in pixels.chunks(28 * 28).enumerate() {
+        // Rows 10 to 17: the middle of the image, where every item has ink.
+        let window: Vec<u8> = sample[280..504].iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert!(!contains(&sent, &window), "sample {k} (index {}) went to the edge", order[k]);
+    }
+    // The labels of the first micro-batch went up, as i64 little-endian.
+    let labels: Vec<u8> = batch.labels[..8].iter().flat_map(|l| l.to_le_bytes()).collect();
+    assert!(contains(&sent, &labels), "the first micro-batch's labels are in what the device sent");
+}
+
+#[test]
+fn a_wrong_token_or_an_unknown_device_is_refused() {
+    let edge = Edge::spawn(None);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 16, 32);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    for (k, (device, token)) in [("phone-1", "wrong-token-0123456789"), ("tablet-9", TOKEN)].into_iter().enumerate() {
+        let run = dir.path().join(format!("run-{k}"));
+        create_device_run(
+            &run,
+            &model("mlp.onnx"),
+            "cross-entropy",
+            OPTIMIZER,
+            "fashion-mnist",
+            &recipe,
+            split.clone(),
+        )
+        .unwrap();
+        let err = DeviceTrainer::open(&run, &edge_at(&edge.address, device, token), device_options())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("Unauthenticated"), "{device}: {err}");
+        assert!(!err.contains(token), "the error must not echo the token: {err}");
+    }
+}
+
+#[test]
+fn resume_continues_both_sides_at_the_same_step() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let state_dir = tempfile::tempdir().unwrap();
+    let edge = Edge::spawn(Some(state_dir.path()));
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 64);
+    let split = SplitSettings { cut: 1, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let whole = device_run(&dir.path().join("whole"), &at, "mlp.onnx", split.clone(), &recipe);
+
+    let run = dir.path().join("resumed");
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    let mut first = DeviceTrainer::open(&run, &at, DeviceOptions { epochs_now: Some(1), ..device_options() }).unwrap();
+    assert_eq!(first.run().unwrap().epochs, 1);
+    first.close().unwrap();
+
+    // Another edge server, without this run's checkpoints, cannot resume it.
+    let empty = Edge::spawn(None);
+    let err = DeviceTrainer::open(&run, &edge_at(&empty.address, "phone-1", TOKEN), device_options())
+        .err()
+        .expect("an edge without the run's checkpoint refuses to resume it")
+        .to_string();
+    assert!(err.contains("step 2") || err.contains("checkpoint"), "{err}");
+
+    let mut second = DeviceTrainer::open(&run, &at, device_options()).unwrap();
+    assert_eq!((second.epochs_done(), second.steps_done()), (1, 2));
+    assert_eq!(second.run().unwrap().steps, 4);
+    let resumed = (second.device_state().unwrap(), second.edge_state().unwrap());
+    second.close().unwrap();
+    // One thread on both sides and the same batches: the resumed run is the same run.
+    assert_eq!(resumed.0, whole.0, "device state");
+    assert_eq!(resumed.1, whole.1, "edge state");
+}
+
+#[test]
+fn device_and_edge_as_separate_processes_with_the_schedule_chart() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let plot = dir.path().join("curves.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+        .env("EDGEFREEZE_TOKEN", TOKEN)
+        .args(["device", "train", "--edge", &edge.address, "--device-id", "phone-1", "--data", "fashion-mnist"])
+        .args(["--model", model("lenet5.onnx").to_str().unwrap(), "--cut", "1", "--micro-batches", "4"])
+        .args(["--epochs", "1", "--batch", "32", "--lr", "0.05", "--limit", "128", "--test-limit", "64"])
+        .args(["--threads", "1", "--out", run.to_str().unwrap(), "--plot", plot.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("epoch 1/1") && said.contains("test accuracy"), "{said}");
+    assert!(run.join("checkpoints/epoch-0001.safetensors").is_file());
+    assert!(run.join("metrics.jsonl").is_file() && run.join("schedule.json").is_file());
+    assert!(plot.is_file() && dir.path().join("curves-schedule.png").is_file());
+    let schedule: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("schedule.json")).unwrap()).unwrap();
+    let first = &schedule[0];
+    assert_eq!(first["exchanges"].as_array().unwrap().len(), 4, "{first}");
+    assert!(first["exchanges"][0]["edge"]["start_us"].as_i64().unwrap() > 0, "the edge stamped its work");
+
+    // The same run resumed has nothing to do; both sides agree it is finished.
+    let again = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+        .env("EDGEFREEZE_TOKEN", TOKEN)
+        .args(["device", "train", "--edge", &edge.address, "--device-id", "phone-1", "--quiet", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains("nothing to do"), "{}", text(&again));
+}

@@ -1,0 +1,232 @@
+//! The device's connection to an edge server over gRPC: a session opened with the
+//! device's credentials, and the training stream as a [`Link`].
+//!
+//! The engines are not async, so the device's compute runs on the calling thread and a
+//! small tokio runtime drives the network: a sender task streams the activations the
+//! compute thread queues (tonic pulls them from a channel), and a receiver task reads the
+//! replies off the response stream into a channel the compute thread waits on. So while
+//! the device computes, its last activation goes up and earlier gradients come down.
+
+use crate::error::{DeviceError, Result};
+use crate::pipeline::{Download, EdgeTimes, Link, Tag, Upload};
+use edgefreeze_engine::Value;
+use edgefreeze_wire::pb::{self, Header};
+use edgefreeze_wire::{EdgeClient, Limits, auth::Credentials, tensor};
+use std::sync::mpsc;
+
+/// How many micro-batches may wait in the sender's queue before `send` blocks.
+const UPLINK_QUEUE: usize = 64;
+
+fn status(what: &str) -> impl Fn(tonic::Status) -> DeviceError + '_ {
+    move |s| DeviceError::Link(format!("refused {what}: {:?}: {}", s.code(), s.message()))
+}
+
+fn wire(e: edgefreeze_wire::WireError) -> DeviceError {
+    DeviceError::Link(e.to_string())
+}
+
+fn nanos_to_us(ns: u64) -> i64 {
+    (ns / 1000) as i64
+}
+
+/// The pipeline's tag of a header.
+pub fn tag_of(h: &Header) -> Tag {
+    Tag { session: h.session_id.clone(), step: h.step, micro_batch: h.micro_batch, version: h.model_version }
+}
+
+/// The header of a pipeline tag.
+pub fn header_of(t: &Tag) -> Header {
+    Header::new(&t.session, t.step, t.micro_batch, t.version)
+}
+
+/// A session on an edge server.
+pub struct EdgeSession {
+    runtime: tokio::runtime::Runtime,
+    client: EdgeClient,
+    limits: Limits,
+    /// The edge's answer to OpenSession (session id, step, version, ports, limits).
+    pub opened: pb::OpenSessionResponse,
+}
+
+impl EdgeSession {
+    /// Connects to `address` and opens a session (a new run, or a resumed one).
+    pub fn open(address: &str, credentials: Credentials, request: pb::OpenSessionRequest) -> Result<EdgeSession> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("edgefreeze-device-net")
+            .enable_all()
+            .build()
+            .map_err(|e| DeviceError::Link(format!("cannot start the network runtime: {e}")))?;
+        let mut limits = Limits::default();
+        let mut client = runtime.block_on(edgefreeze_wire::connect(address, credentials, &limits)).map_err(wire)?;
+        let opened = runtime
+            .block_on(client.open_session(request))
+            .map_err(status("the session"))
+            .map(tonic::Response::into_inner)?;
+        if opened.header.is_none() {
+            return Err(DeviceError::Link("the edge's OpenSession answer has no header".into()));
+        }
+        if opened.max_message_bytes > 0 {
+            limits.max_message_bytes = limits.max_message_bytes.min(opened.max_message_bytes as usize);
+        }
+        Ok(EdgeSession { runtime, client, limits, opened })
+    }
+
+    /// The header the edge opened the session with (its step is where the edge stands).
+    pub fn header(&self) -> Header {
+        self.opened.header.clone().unwrap_or_default()
+    }
+
+    /// Opens the training stream.
+    pub fn stream(&self) -> GrpcLink {
+        let (up, queue) = tokio::sync::mpsc::channel::<pb::MicroBatchUp>(UPLINK_QUEUE);
+        let (deliver, down) = mpsc::channel::<Result<Download>>();
+        let mut client = self.client.clone();
+        let limits = self.limits;
+        self.runtime.spawn(async move {
+            let requests = tokio_stream::wrappers::ReceiverStream::new(queue);
+            let mut replies = match client.train(requests).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    let _ = deliver.send(Err(status("the training stream")(s)));
+                    return;
+                }
+            };
+            loop {
+                let item = match replies.message().await {
+                    Ok(Some(m)) => download(m, &limits, crate::pipeline::now_us()),
+                    Ok(None) => Err(DeviceError::Link("the edge closed the training stream".into())),
+                    Err(s) => Err(status("a micro-batch")(s)),
+                };
+                let last = item.is_err();
+                if deliver.send(item).is_err() || last {
+                    return;
+                }
+            }
+        });
+        GrpcLink {
+            runtime: self.runtime.handle().clone(),
+            client: self.client.clone(),
+            up: Some(up),
+            down,
+            sends_dropout_seed: self.opened.needs_dropout_seed,
+            edge_checkpoint_missed: false,
+        }
+    }
+
+    /// Copies the edge's state of the session out (between steps).
+    pub fn fetch_state(&self, header: &Header) -> Result<Vec<(String, Value)>> {
+        let mut client = self.client.clone();
+        let state = self
+            .runtime
+            .block_on(client.fetch_state(pb::FetchStateRequest { header: Some(header.clone()) }))
+            .map_err(status("the state"))?
+            .into_inner();
+        state
+            .tensors
+            .iter()
+            .map(|t| {
+                let value = t
+                    .tensor
+                    .as_ref()
+                    .ok_or_else(|| DeviceError::Link(format!("edge state tensor {:?} has no data", t.name)))
+                    .and_then(|v| tensor::to_value(&t.name, v, &self.limits).map_err(wire))?;
+                Ok((t.name.clone(), value))
+            })
+            .collect()
+    }
+
+    /// Frees the session on the edge.
+    pub fn close(&self, header: &Header) -> Result<()> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.close_session(pb::CloseSessionRequest { header: Some(header.clone()) }))
+            .map_err(status("closing the session"))?;
+        Ok(())
+    }
+}
+
+fn download(m: pb::MicroBatchDown, limits: &Limits, arrived_us: i64) -> Result<Download> {
+    let header = m.header.as_ref().ok_or_else(|| DeviceError::Link("a reply has no header".into()))?;
+    let grad_activation = match &m.activation_grad {
+        Some(t) => Some(tensor::to_value("activation_grad", t, limits).map_err(wire)?),
+        None => None,
+    };
+    let times = m.times.unwrap_or_default();
+    Ok(Download {
+        tag: tag_of(header),
+        loss: f64::from(m.loss),
+        correct: m.correct.unwrap_or(0) as f64,
+        grad_activation,
+        edge: EdgeTimes {
+            received_us: nanos_to_us(times.received_unix_nanos),
+            start_us: nanos_to_us(times.compute_start_unix_nanos),
+            end_us: nanos_to_us(times.compute_end_unix_nanos),
+            sent_us: nanos_to_us(times.sent_unix_nanos),
+        },
+        arrived_us: Some(arrived_us),
+    })
+}
+
+/// The training stream of a session.
+pub struct GrpcLink {
+    runtime: tokio::runtime::Handle,
+    client: EdgeClient,
+    up: Option<tokio::sync::mpsc::Sender<pb::MicroBatchUp>>,
+    down: mpsc::Receiver<Result<Download>>,
+    /// The edge side has Dropout and takes a seed with every micro-batch.
+    sends_dropout_seed: bool,
+    /// An update asked the edge for a checkpoint and it wrote none (it keeps none).
+    edge_checkpoint_missed: bool,
+}
+
+impl GrpcLink {
+    /// Whether the edge declined a checkpoint this stream asked for (a server started
+    /// without a state folder keeps none: the run cannot be resumed there).
+    pub fn edge_checkpoint_missed(&self) -> bool {
+        self.edge_checkpoint_missed
+    }
+}
+
+impl Link for GrpcLink {
+    fn send(&mut self, upload: Upload) -> Result<()> {
+        let message = pb::MicroBatchUp {
+            header: Some(header_of(&upload.tag)),
+            activation: Some(tensor::from_value(&upload.activation)),
+            labels: Some(tensor::from_value(&upload.labels)),
+            dropout_seed: if self.sends_dropout_seed { upload.dropout_seed } else { None },
+            sent_unix_nanos: (upload.sent_us.max(0) as u64) * 1000,
+        };
+        let up = self.up.as_ref().ok_or_else(|| DeviceError::Link("the training stream is closed".into()))?;
+        if up.blocking_send(message).is_err() {
+            // The stream ended; the receiver has the reason.
+            return Err(match self.down.recv() {
+                Ok(Err(e)) => e,
+                _ => DeviceError::Link("the training stream ended".into()),
+            });
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<Download> {
+        self.down.recv().map_err(|_| DeviceError::Link("the training stream ended".into()))?
+    }
+
+    fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
+        let mut client = self.client.clone();
+        let request = pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint };
+        let answer = self.runtime.block_on(client.apply_update(request)).map_err(status("the update"))?.into_inner();
+        if checkpoint && !answer.checkpointed {
+            self.edge_checkpoint_missed = true;
+        }
+        let header = answer.header.ok_or_else(|| DeviceError::Link("the update's answer has no header".into()))?;
+        Ok(tag_of(&header))
+    }
+}
+
+impl Drop for GrpcLink {
+    fn drop(&mut self) {
+        // Closing the queue ends the request stream, which lets the edge end the call.
+        self.up.take();
+    }
+}

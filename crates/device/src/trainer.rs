@@ -1,0 +1,574 @@
+//! `edgefreeze device train`: a run folder, data, the device's graphs and a session on
+//! an edge server, trained epoch by epoch with the micro-batch pipeline.
+//!
+//! The run folder is a training run of `edgefreeze-train` (`run.json`, `graphs/`,
+//! `checkpoints/`, `metrics.jsonl`) plus `device.json` (the split and the run's name on
+//! the edge) and `schedule.json` (the timestamps of the first steps). The device's
+//! checkpoints hold its side only (its parameters, optimizer state and statistics); the
+//! edge checkpoints its side of the session when the device asks, at the last update of
+//! every epoch, before the device writes its own. `--resume` opens the session at the
+//! step of the device's last checkpoint, and the edge must stand at that same step.
+//!
+//! Evaluation after an epoch runs the whole model's eval graph on the device, with the
+//! edge's parameters fetched for it (FetchState): test samples never leave the device
+//! either.
+
+use crate::compute::{DeviceGraphs, GraphDevice};
+use crate::error::{DeviceError, Result};
+use crate::link::EdgeSession;
+use crate::pipeline::{Mode, StepSettings, StepTimes, run_step, split_batch};
+use crate::split::{SplitSettings, device_graphs, split_request};
+use edgefreeze_data::named::Splits;
+use edgefreeze_data::{Loader, LoaderOptions, Samples, batch_count, epoch_order};
+use edgefreeze_engine::{StateUpdates, Value};
+use edgefreeze_train::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoint_path, list_checkpoints};
+use edgefreeze_train::metrics::{MetricsLog, Record};
+use edgefreeze_train::run::{GRAPHS_DIR, METRICS_FILE, read_manifest};
+use edgefreeze_train::{
+    ModelSource, Recipe, RunSpec, TrainOptions, batch_values, check_fit, create_run, dropout_seed, evaluate,
+    model_label, open_data, open_run, progress_bar, subset,
+};
+use edgefreeze_wire::auth::Credentials;
+use edgefreeze_wire::pb;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The device settings file of a run folder.
+pub const DEVICE_FILE: &str = "device.json";
+/// Format identifier of [`DEVICE_FILE`].
+pub const DEVICE_FORMAT: &str = "edgefreeze-device-run/1";
+/// The timestamps of the first steps.
+pub const SCHEDULE_FILE: &str = "schedule.json";
+
+/// What `device.json` holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceRun {
+    /// [`DEVICE_FORMAT`].
+    pub format: String,
+    /// The run's name on the edge (its checkpoints are kept under it).
+    pub run_id: String,
+    /// The split.
+    pub split: SplitSettings,
+}
+
+/// Where the edge is and who the device is.
+#[derive(Clone)]
+pub struct EdgeAddress {
+    /// `HOST:PORT` or `http://HOST:PORT`.
+    pub address: String,
+    /// The device id and token.
+    pub credentials: Credentials,
+}
+
+/// How to run (not what to compute).
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// Engine, threads, plot, progress bar, prefetch depth, npm data folder.
+    pub train: TrainOptions,
+    /// Steps whose schedule is recorded and drawn.
+    pub schedule_steps: usize,
+    /// Micro-batches in flight at most in pipelined mode (default: all of a step's).
+    pub max_in_flight: Option<usize>,
+    /// Train at most this many epochs in this call (the run's recipe still says how many
+    /// it has); None trains them all.
+    pub epochs_now: Option<usize>,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions { train: TrainOptions::default(), schedule_steps: 3, max_in_flight: None, epochs_now: None }
+    }
+}
+
+/// A run name the edge accepts: the folder's name, cleaned, and a time stamp.
+fn run_id_for(dir: &Path) -> String {
+    let name: String = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' { c } else { '_' })
+        .take(40)
+        .collect();
+    format!("{}-{:x}", if name.is_empty() { "run" } else { &name }, crate::pipeline::now_us())
+}
+
+/// Creates a device run folder: refuses one that already holds a run, converts the model
+/// (the eval graph and the initial state come from there) and writes `device.json`.
+pub fn create_device_run(
+    dir: &Path,
+    model: &Path,
+    loss: &str,
+    optimizer: &str,
+    data: &str,
+    recipe: &Recipe,
+    split: SplitSettings,
+) -> Result<DeviceRun> {
+    if split.micro_batches == 0 {
+        return Err(DeviceError::Config("--micro-batches must be at least 1".into()));
+    }
+    let source = ModelSource::Onnx { path: model.into(), loss: loss.into(), optimizer: optimizer.into(), freeze: 0 };
+    create_run(dir, &source, data, recipe)?;
+    let run = DeviceRun { format: DEVICE_FORMAT.into(), run_id: run_id_for(dir), split };
+    write_json(&dir.join(DEVICE_FILE), &run)?;
+    Ok(run)
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).expect("run files serialise");
+    edgefreeze_graph::save::write_atomically(path, &bytes)
+        .map_err(|e| DeviceError::Run { path: path.into(), message: e.to_string() })
+}
+
+fn read_device_run(dir: &Path) -> Result<DeviceRun> {
+    let path = dir.join(DEVICE_FILE);
+    let bad = |message: String| DeviceError::Run { path: path.clone(), message };
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| bad(format!("cannot read: {e} (not a device run folder?)")))?;
+    let run: DeviceRun = serde_json::from_str(&text).map_err(|e| bad(format!("not a device run: {e}")))?;
+    if run.format != DEVICE_FORMAT {
+        return Err(bad(format!("format {:?}, expected {DEVICE_FORMAT:?}", run.format)));
+    }
+    Ok(run)
+}
+
+/// Where a device run stands after [`DeviceTrainer::run`].
+#[derive(Debug, Clone)]
+pub struct DeviceSummary {
+    /// Epochs completed.
+    pub epochs: usize,
+    /// Updates completed.
+    pub steps: u64,
+    /// The device's last checkpoint.
+    pub checkpoint: PathBuf,
+    /// Test accuracy after the last epoch, if any ran.
+    pub test_accuracy: Option<f64>,
+    /// Training throughput of the last epoch.
+    pub samples_per_s: Option<f64>,
+}
+
+/// A device run, its data, its graphs and its session on the edge.
+pub struct DeviceTrainer {
+    dir: PathBuf,
+    spec: RunSpec,
+    run: DeviceRun,
+    options: DeviceOptions,
+    data: Splits,
+    input: String,
+    device: GraphDevice,
+    session: EdgeSession,
+    header: pb::Header,
+    epochs_done: usize,
+    steps_done: u64,
+    last_checkpoint: PathBuf,
+    last_test_accuracy: Option<f64>,
+    takes_dropout_seed: bool,
+    schedule: Vec<StepTimes>,
+    warned_no_edge_checkpoint: bool,
+}
+
+impl DeviceTrainer {
+    /// Opens a device run: builds the device's graphs, restores its last checkpoint (a
+    /// new run writes the initial state as checkpoint 0) and opens the session on the
+    /// edge, new or resumed at the checkpoint's step.
+    pub fn open(dir: &Path, edge: &EdgeAddress, options: DeviceOptions) -> Result<DeviceTrainer> {
+        let spec = open_run(dir)?;
+        let run = read_device_run(dir)?;
+        let graphs_dir = dir.join(GRAPHS_DIR);
+        let manifest = read_manifest(&graphs_dir)?;
+        let input = match manifest.data_inputs.as_slice() {
+            [one] => one.name.clone(),
+            many => {
+                return Err(DeviceError::Config(format!(
+                    "the model has {} data inputs; edgefreeze device train feeds exactly one",
+                    many.len()
+                )));
+            }
+        };
+        let forward = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
+        let data = open_data(
+            &spec.data,
+            || edgefreeze_graph::load_model(&forward).map_err(edgefreeze_train::TrainError::from),
+            &manifest,
+            &options.train,
+        )?;
+        check_fit(&data, &manifest)?;
+        check_micro_batches(&spec.recipe, data.train.len(), run.split.micro_batches)?;
+        let model_path = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
+        let model_bytes = std::fs::read(&model_path)
+            .map_err(|e| DeviceError::Run { path: model_path.clone(), message: format!("cannot read: {e}") })?;
+        let DeviceGraphs { forward, backward, apply, state: initial } =
+            device_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
+        let takes_dropout_seed = forward.graph.inputs.iter().any(|i| i.name == crate::compute::DROPOUT_SEED);
+
+        let checkpoints = list_checkpoints(dir)?;
+        let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
+            Some((_, path)) => {
+                let c = Checkpoint::read(path)?;
+                let mut state = Vec::new();
+                for (name, _) in &initial {
+                    let value = c.get(name).cloned().ok_or_else(|| DeviceError::Run {
+                        path: path.clone(),
+                        message: format!("has no device state tensor {name:?}"),
+                    })?;
+                    state.push((name.clone(), value));
+                }
+                (state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy)
+            }
+            // Checkpoint 0 is written once the edge has opened the session: a start that
+            // fails (edge unreachable, token refused) leaves an unstarted run.
+            None => (initial, 0, 0, checkpoint_path(dir, 0), None),
+        };
+        if epochs_done > spec.recipe.epochs {
+            return Err(DeviceError::Run {
+                path: last_checkpoint,
+                message: format!("is after epoch {epochs_done}, but the run has {} epochs", spec.recipe.epochs),
+            });
+        }
+        let device = GraphDevice::new(
+            DeviceGraphs { forward, backward, apply, state },
+            &input,
+            &options.train.engine,
+            &options.train.engine_options,
+        )?;
+        let request = pb::OpenSessionRequest {
+            // The protocol wants a header on every message; an empty one asks for a new
+            // session id.
+            header: Some(pb::Header::default()),
+            run_id: run.run_id.clone(),
+            split: Some(split_request(model_bytes, &run.split, &manifest.loss, &manifest.optimizer)?),
+            resume_step: (epochs_done > 0).then_some(steps_done),
+        };
+        let resuming = request.resume_step.is_some();
+        let session = EdgeSession::open(&edge.address, edge.credentials.clone(), request).map_err(|e| match e {
+            DeviceError::Link(m) if resuming => DeviceError::Link(format!(
+                "{m} (resuming run {:?} at step {steps_done}, the step of {}: the edge must hold its checkpoint of that \
+                 step)",
+                run.run_id,
+                last_checkpoint.display()
+            )),
+            e => e,
+        })?;
+        let header = session.header();
+        if header.step != steps_done {
+            return Err(DeviceError::Mismatch {
+                field: "step",
+                expected: format!("{steps_done} (the device's checkpoint {})", last_checkpoint.display()),
+                got: format!("{} (where the edge's checkpoint of run {:?} stands)", header.step, run.run_id),
+            });
+        }
+        if checkpoints.is_empty() {
+            let info =
+                CheckpointInfo { format: FORMAT.into(), epoch: 0, step: 0, test_accuracy: None, controller: None };
+            Checkpoint { info, state: device.state()? }.write(&last_checkpoint)?;
+        }
+        Ok(DeviceTrainer {
+            dir: dir.into(),
+            spec,
+            run,
+            options,
+            data,
+            input,
+            device,
+            session,
+            header,
+            epochs_done,
+            steps_done,
+            last_checkpoint,
+            last_test_accuracy,
+            takes_dropout_seed,
+            schedule: Vec::new(),
+            warned_no_edge_checkpoint: false,
+        })
+    }
+
+    /// The run's recipe and names.
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
+    /// The split settings and the run's name on the edge.
+    pub fn device_run(&self) -> &DeviceRun {
+        &self.run
+    }
+
+    /// The dataset.
+    pub fn data(&self) -> &Splits {
+        &self.data
+    }
+
+    /// Epochs completed.
+    pub fn epochs_done(&self) -> usize {
+        self.epochs_done
+    }
+
+    /// Updates completed.
+    pub fn steps_done(&self) -> u64 {
+        self.steps_done
+    }
+
+    /// The edge's answer when the session opened (ports, state bytes, limits).
+    pub fn session(&self) -> &pb::OpenSessionResponse {
+        &self.session.opened
+    }
+
+    /// The device's state, copied out of the engine.
+    pub fn device_state(&self) -> Result<Vec<(String, Value)>> {
+        self.device.state()
+    }
+
+    /// The edge's state of this session, fetched from the edge.
+    pub fn edge_state(&self) -> Result<Vec<(String, Value)>> {
+        self.session.fetch_state(&Self::between_steps(&self.header, self.steps_done))
+    }
+
+    /// The timestamps of the first steps recorded.
+    pub fn schedule(&self) -> &[StepTimes] {
+        &self.schedule
+    }
+
+    fn between_steps(header: &pb::Header, step: u64) -> pb::Header {
+        pb::Header { step, micro_batch: 0, ..header.clone() }
+    }
+
+    fn train_samples(&self) -> usize {
+        self.spec.recipe.train_limit.map_or(self.data.train.len(), |l| l.min(self.data.train.len()))
+    }
+
+    /// Updates in the whole run.
+    pub fn total_steps(&self) -> u64 {
+        (self.spec.recipe.epochs * batch_count(self.train_samples(), self.spec.recipe.batch)) as u64
+    }
+
+    fn mode(&self) -> Mode {
+        if self.run.split.sequential {
+            Mode::Sequential
+        } else {
+            Mode::Pipelined { max_in_flight: self.options.max_in_flight.unwrap_or(self.run.split.micro_batches) }
+        }
+    }
+
+    /// Trains the remaining epochs (or `epochs_now` of them).
+    pub fn run(&mut self) -> Result<DeviceSummary> {
+        let mut metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
+        let mut samples_per_s = None;
+        let last = self
+            .options
+            .epochs_now
+            .map_or(self.spec.recipe.epochs, |n| (self.epochs_done + n).min(self.spec.recipe.epochs));
+        while self.epochs_done < last {
+            let epoch = self.epochs_done + 1;
+            let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut metrics)?;
+            let (test_loss, test_accuracy) = self.evaluate()?;
+            let rate = samples as f64 / seconds.max(1e-9);
+            samples_per_s = Some(rate);
+            let path = checkpoint_path(&self.dir, epoch);
+            let info = CheckpointInfo {
+                format: FORMAT.into(),
+                epoch,
+                step: self.steps_done,
+                test_accuracy: Some(test_accuracy),
+                controller: None,
+            };
+            Checkpoint { info, state: self.device.state()? }.write(&path)?;
+            self.epochs_done = epoch;
+            self.last_checkpoint = path;
+            self.last_test_accuracy = Some(test_accuracy);
+            metrics.push(Record::Epoch {
+                epoch,
+                step: self.steps_done,
+                train_loss,
+                train_accuracy,
+                test_loss,
+                test_accuracy,
+                train_seconds: seconds,
+                samples_per_s: rate,
+            })?;
+            if self.options.train.progress {
+                eprintln!(
+                    "epoch {epoch}/{}: train loss {train_loss:.4} acc {:.2}% | test loss {test_loss:.4} acc {:.2}% | \
+                     {rate:.0} samples/s | {}",
+                    self.spec.recipe.epochs,
+                    100.0 * train_accuracy,
+                    100.0 * test_accuracy,
+                    self.last_checkpoint.display()
+                );
+            }
+            self.plot(metrics.records());
+        }
+        Ok(DeviceSummary {
+            epochs: self.epochs_done,
+            steps: self.steps_done,
+            checkpoint: self.last_checkpoint.clone(),
+            test_accuracy: self.last_test_accuracy,
+            samples_per_s,
+        })
+    }
+
+    fn plot(&self, records: &[Record]) {
+        let Some(plot) = &self.options.train.plot else { return };
+        let split = &self.run.split;
+        let title = format!(
+            "{} on {}, split after layer {} ({}, {} micro-batches)",
+            model_label(&self.spec.model),
+            self.spec.data,
+            split.cut,
+            if split.sequential { "sequential" } else { "pipelined" },
+            split.micro_batches
+        );
+        // A plot that cannot be drawn (no font, say) must not stop training.
+        if let Err(e) = edgefreeze_train::plot::plot_training(records, &title, plot) {
+            eprintln!("warning: {e}");
+        }
+        if !self.schedule.is_empty()
+            && let Err(e) = crate::timeline::draw_schedule(&self.schedule, &title, &schedule_plot_path(plot))
+        {
+            eprintln!("warning: {e}");
+        }
+    }
+
+    /// One epoch of updates → (mean loss, accuracy, seconds, samples).
+    fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
+        let recipe = self.spec.recipe.clone();
+        let samples = subset(self.data.train.len(), recipe.train_limit, recipe.seed);
+        let augmentation = recipe.augmentation()?;
+        let images = matches!(*self.data.train, Samples::Images { .. });
+        let loader = Loader::spawn(
+            Arc::clone(&self.data.train),
+            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect(),
+            LoaderOptions {
+                batch_size: recipe.batch,
+                augmentation: (images && !augmentation.is_identity()).then_some(augmentation),
+                seed: recipe.seed,
+                epoch: epoch as u64,
+                depth: self.options.train.prefetch.max(1),
+                start_batch: 0,
+            },
+        )
+        .map_err(edgefreeze_train::TrainError::from)?;
+        let batches = loader.remaining();
+        let bar =
+            progress_bar(self.options.train.progress, batches as u64, &format!("epoch {epoch}/{}", recipe.epochs));
+        let total = self.total_steps();
+        let mode = self.mode();
+        let mut link = self.session.stream();
+        let start = Instant::now();
+        let (mut loss_sum, mut correct_sum, mut seen) = (0.0, 0.0, 0usize);
+        for (k, batch) in loader.enumerate() {
+            let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
+            let (input, labels) = batch_values(batch)?;
+            let mut micro_batches = split_batch(&input, &labels, self.run.split.micro_batches)?;
+            if self.takes_dropout_seed || self.session.opened.needs_dropout_seed {
+                let m = micro_batches.len() as u64;
+                for (i, mb) in micro_batches.iter_mut().enumerate() {
+                    mb.dropout_seed = Some(dropout_seed(recipe.seed, self.steps_done * m + i as u64));
+                }
+            }
+            let settings = StepSettings {
+                session: self.header.session_id.clone(),
+                step: self.steps_done,
+                version: self.header.model_version,
+                lr,
+                mode,
+                frozen_device: self.run.split.freeze_device,
+                checkpoint: k + 1 == batches,
+            };
+            let report = run_step(&mut self.device, &mut link, &micro_batches, &settings)?;
+            if !report.loss.is_finite() {
+                bar.abandon();
+                return Err(DeviceError::Diverged { step: self.steps_done + 1, epoch, loss: report.loss });
+            }
+            self.steps_done += 1;
+            if self.schedule.len() < self.options.schedule_steps {
+                self.schedule.push(report.times.clone());
+                write_json(&self.dir.join(SCHEDULE_FILE), &self.schedule)?;
+            }
+            loss_sum += report.loss * report.samples as f64;
+            correct_sum += report.correct;
+            seen += report.samples;
+            let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
+            if self.steps_done.is_multiple_of(recipe.log_every.max(1)) {
+                metrics.push(Record::Step {
+                    epoch,
+                    step: self.steps_done,
+                    loss: report.loss,
+                    accuracy: report.correct / report.samples as f64,
+                    lr,
+                    samples_per_s: rate,
+                })?;
+            }
+            bar.inc(1);
+            bar.set_message(format!(
+                "loss {:.4} acc {:.2}% {rate:.0} samples/s lr {lr:.4}",
+                loss_sum / seen as f64,
+                100.0 * correct_sum / seen as f64
+            ));
+        }
+        bar.finish_and_clear();
+        if link.edge_checkpoint_missed() && !self.warned_no_edge_checkpoint {
+            self.warned_no_edge_checkpoint = true;
+            eprintln!(
+                "warning: the edge server keeps no checkpoints (it was started without --state-dir): this run \
+                 trains on, but --resume cannot continue it there"
+            );
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        Ok((loss_sum / seen.max(1) as f64, correct_sum / seen.max(1) as f64, seconds, seen))
+    }
+
+    /// Mean loss and accuracy on the test split with the whole model: the device's state
+    /// and the edge's, fetched, in an eval workspace.
+    pub fn evaluate(&mut self) -> Result<(f64, f64)> {
+        let graphs = self.dir.join(GRAPHS_DIR);
+        let eval_path = graphs.join(edgefreeze_autodiff::artifacts::files::EVAL);
+        let eval = std::fs::read(&eval_path)
+            .map_err(|e| DeviceError::Run { path: eval_path.clone(), message: format!("cannot read: {e}") })?;
+        let mut workspace =
+            edgefreeze_engine::workspace(&self.options.train.engine, &self.options.train.engine_options)?;
+        let graph = workspace.load_graph(&eval, StateUpdates::none())?;
+        for (name, value) in self.device.state()?.into_iter().chain(self.edge_state()?) {
+            workspace.set_state(&name, value)?;
+        }
+        let recipe = &self.spec.recipe;
+        let indices = subset(self.data.test.len(), recipe.test_limit, recipe.seed);
+        Ok(evaluate(
+            workspace.as_mut(),
+            graph,
+            &self.input,
+            &self.data.test,
+            indices,
+            recipe.batch,
+            self.options.train.prefetch,
+        )?)
+    }
+
+    /// Frees the session on the edge (its checkpoints stay, for a later resume).
+    pub fn close(self) -> Result<()> {
+        self.session.close(&Self::between_steps(&self.header, self.steps_done))
+    }
+}
+
+/// The edge needs every step split into exactly M micro-batches, so every batch of an
+/// epoch, the last (partial) one included, must hold at least M samples.
+fn check_micro_batches(recipe: &Recipe, train_len: usize, m: usize) -> Result<()> {
+    let n = recipe.train_limit.map_or(train_len, |l| l.min(train_len));
+    let last = match n % recipe.batch {
+        0 => recipe.batch.min(n),
+        r => r,
+    };
+    if last < m {
+        return Err(DeviceError::Config(format!(
+            "{m} micro-batches per step need at least {m} samples in every batch, but {n} training samples in \
+             batches of {} make a batch of {last} (change --micro-batches, --batch or --limit)",
+            recipe.batch
+        )));
+    }
+    Ok(())
+}
+
+/// Where `--plot FILE.png` puts the schedule chart: `FILE-schedule.png`.
+pub fn schedule_plot_path(plot: &Path) -> PathBuf {
+    let stem = plot.file_stem().map_or("plot".into(), |s| s.to_string_lossy().into_owned());
+    plot.with_file_name(format!("{stem}-schedule.png"))
+}
