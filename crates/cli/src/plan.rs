@@ -217,7 +217,7 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     let c = plan.chosen();
     let _ = writeln!(
         out,
-        "choice: server {}, cut {}, {} micro-batches: predicted step {:.2} ms (bottleneck: {})",
+        "choice: server {}, cut {}, M = {}: predicted step {:.2} ms (bottleneck: {})",
         c.server,
         c.candidate.cut,
         c.candidate.micro_batches,

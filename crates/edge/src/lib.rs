@@ -168,7 +168,9 @@ impl EdgeServer {
             }
         });
 
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        // Without TCP_NODELAY a small reply (a loss, a probe answer) waits for the ACK
+        // of the previous segment, which the device delays by up to 40 ms.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let log = core.log.clone();
         log.line(format!("listening on {address}"));
         let task = tokio::spawn(async move {

@@ -24,10 +24,10 @@ fn target(address: String) -> Target {
 fn settings() -> ProbeSettings {
     ProbeSettings {
         micro_batches: vec![1, 4],
-        reps: 1,
-        link_reps: 2,
+        reps: 3,
+        link_reps: 3,
         engine_options: EngineOptions { threads: Some(1), ort_library: None },
-        ..ProbeSettings::new(16)
+        ..ProbeSettings::new(64)
     }
 }
 
@@ -52,27 +52,36 @@ fn a_shaped_link_and_the_edge_at_every_cut_are_measured() {
         .unwrap();
     let report = probe(&model(), &[target(shaper.local_addr().to_string())], &settings()).unwrap();
     let m = &report.measurements;
-    assert_eq!(report.sizes, vec![4, 16], "the largest micro-batch of M = 4 and of M = 1");
+    assert_eq!(report.sizes, vec![16, 64], "the largest micro-batch of M = 4 and of M = 1");
     assert_eq!(m.cuts.iter().map(|c| c.cut).collect::<Vec<_>>(), vec![0, 1]);
     // 256 and 128 f32 activations per sample, one int64 label.
     assert_eq!((m.cuts[0].activation, m.cuts[0].label, m.cuts[1].activation), (1024, 8, 512));
     assert_eq!(m.device.layers.len(), 3);
-    assert!(m.device.layers[..2].iter().all(|l| l.forward_s > 0.0 && l.backward_s > 0.0));
+    // The device ran (its times are not asserted: on a loaded machine a median of three
+    // can make a layer look free, which the model then counts as 0); fc3 never runs on
+    // the device.
+    let l = &m.device.layers;
+    let device_at = |k: usize| l[..=k].iter().map(|t| t.forward_s + t.backward_s).sum::<f64>();
+    assert!(m.device.forward_call_s + device_at(1) > 0.0, "{l:?}");
+    assert_eq!((l[2].forward_s, l[2].backward_s, l[2].apply_s), (0.0, 0.0, 0.0));
     let link = m.servers[0].link;
     // Every call crosses the delay twice; no payload goes faster than the shaper's rate
-    // (a quarter of slack for framing the rate cannot see and noise in the empty call).
+    // (the payloads of 16 and 64 samples take 8 to 33 ms at these rates; a quarter of
+    // slack for the noise of the empty call they are measured against).
     assert!(link.rtt_s >= 2.0 * delay.as_secs_f64(), "{link:?}");
     assert!(link.up_bytes_per_s <= 1.25 * up && link.down_bytes_per_s <= 1.25 * down, "{link:?}");
     assert_eq!(m.servers[0].cuts.iter().map(|c| c.cut).collect::<Vec<_>>(), vec![0, 1]);
-    assert!(m.servers[0].cuts.iter().all(|c| c.step.at(16.0) > 0.0));
+    assert!(m.servers[0].cuts.iter().all(|c| c.step.at(64.0) > 0.0));
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert!(report.elapsed_s >= report.device_s + report.links_s + report.edges_s - 1e-9);
     // The probe sessions are gone.
     assert!(server.sessions().is_empty(), "{:?}", server.sessions().len());
-    let p = plan(&CostModel::default(), m, &Workload { batch: 16, frozen_layers: 0 }, &Space {
-        micro_batches: vec![1, 4],
-        max_in_flight: None,
-    })
+    let p = plan(
+        &CostModel::default(),
+        m,
+        &Workload { batch: 64, frozen_layers: 0 },
+        &Space { micro_batches: vec![1, 4], max_in_flight: None },
+    )
     .unwrap();
     assert_eq!(p.candidates.len(), 4);
     drop(shaper);
@@ -92,7 +101,7 @@ fn a_frozen_prefix_is_probed_frozen_and_a_dead_server_is_skipped() {
     assert_eq!(m.servers[0].name, address);
     // Cut 0 lies inside the frozen prefix: its device side was timed without a backward,
     // so the backward of layer 0 is known only as part of cut 1's.
-    let p = plan(&CostModel::default(), m, &Workload { batch: 16, frozen_layers: 1 }, &Space::default()).unwrap();
+    let p = plan(&CostModel::default(), m, &Workload { batch: 64, frozen_layers: 1 }, &Space::default()).unwrap();
     let frozen = p.candidates.iter().find(|c| c.candidate.cut == 0).unwrap();
     assert!(frozen.frozen_device && frozen.stages.device_backward_s == 0.0);
     runtime.block_on(server.shutdown()).unwrap();
