@@ -12,7 +12,10 @@
 # egress: the device end's is the uplink, the edge end's the downlink. RATE is a tc rate
 # (20mbit, 5mbit, 100mbit, 2500kbit); `rate` changes the limits of a running pair (the
 # mobility case); `down` deletes both namespaces (and with them the veth pair).
-# Defaults: NAME=ef, 20mbit both ways, a 64 KiB bucket (tc: 64kb), at most 100 ms queued.
+# Defaults: NAME=ef, 20mbit both ways, at most 100 ms queued, and a bucket of 2 ms of
+# traffic at the rate (at least 3028 bytes, two full frames): a bigger bucket lets a whole
+# micro-batch through at line speed after an idle moment (a 64 KiB bucket at 5mbit made
+# 66 KB steps take half the time the rate allows), a smaller one cannot reach the rate.
 #
 # Delay: netem is not available on the machines this runs on, so the script adds none;
 # add delay in-process with the link shaper (crates/shaper), e.g. a shaper inside NAME-dev
@@ -26,7 +29,7 @@ set -euo pipefail
 name=ef
 up_rate=20mbit
 down_rate=20mbit
-burst=64kb
+burst=
 latency=100ms
 T=10 # seconds any one ip/tc command may take
 
@@ -61,8 +64,18 @@ dev=$name-dev
 edge=$name-edge
 run() { timeout "$T" "$@"; }
 
+# Bytes in 2 ms at a tc rate, at least 3028.
+bucket() {
+    awk -v r="$1" 'BEGIN {
+        n = r + 0; u = substr(r, length(n "") + 1)
+        m = (u == "bit") ? 1 : (u == "kbit") ? 1e3 : (u == "mbit") ? 1e6 : 1e9
+        b = int(n * m / 8 * 0.002); if (b < 3028) b = 3028; print b
+    }'
+}
+
 shape() { # namespace interface rate
-    run ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "$burst" latency "$latency"
+    run ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "${burst:-$(bucket "$3")}" \
+        latency "$latency"
 }
 
 case $command in
