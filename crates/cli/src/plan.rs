@@ -48,15 +48,9 @@ pub struct PlanArgs {
     /// Optimizer, as `edgefreeze train --optimizer` takes it.
     #[arg(long, default_value = "sgd")]
     pub optimizer: String,
-    /// The device's engine: tract, ort:cpu, ort:cuda or ort:xnnpack.
-    #[arg(long, default_value = "tract")]
-    pub engine: String,
-    /// The device's threads (default: the machine's cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// The ONNX Runtime library (default: ORT_DYLIB_PATH, then the onnxruntime Python package).
-    #[arg(long)]
-    pub ort_lib: Option<PathBuf>,
+    /// The device's engine.
+    #[command(flatten)]
+    pub engine: crate::train::EngineArgs,
     /// Timed repetitions of each device and edge measurement.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -89,7 +83,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         None => std::env::var("EDGEFREEZE_TOKEN").context("give --token or set EDGEFREEZE_TOKEN")?,
     };
     let credentials = Credentials::new(&args.device_id, &token).context("--device-id / --token")?;
-    let (engine, engine_options) = crate::train::engine_settings(&args.engine, args.threads, args.ort_lib.clone())?;
+    let (engine, engine_options) = args.engine.settings()?;
     if !(args.budget.is_finite() && args.budget > 0.0) {
         bail!("--budget must be a positive number of seconds");
     }
