@@ -14,25 +14,29 @@
 //!
 //! plus a latency of `latency_share`·RTT on each of the two crossings, which delays a
 //! micro-batch but occupies nothing (the link carries several messages at once).
-//! One micro-batch end to end takes the cycle C = f + u + e + d + b + 2·share·RTT.
-//! In steady state a new micro-batch finishes every period P = max(f + b, u, e, d), the
-//! busiest resource; the first one's cycle fills the pipeline, so the micro-batches take
-//! C + (M − 1)·P. With at most W < M micro-batches in flight, micro-batch i + W starts
-//! only once micro-batch i is done, so they also take at least ⌈M/W⌉·C (the window
-//! bound). The step ends with the device's update and the edge's update, which the device
-//! asks for with one more round trip:
+//! One micro-batch end to end takes the cycle C = f + u + e + d + b + 2·share·RTT, and in
+//! steady state one finishes every period P = max(f + b, u, e, d), the busiest resource.
+//! The prediction follows the pipeline's own schedule (`schedule` below): the device
+//! runs a forward whenever fewer than W micro-batches are in flight (W = M unless
+//! limited), and otherwise waits for the oldest reply and runs its backward; the links
+//! and the edge serve micro-batches one at a time, in order. That gives the time D until
+//! the device's last backward; the step ends with the device's update and the edge's,
+//! which the device asks for with one more round trip:
 //!
-//! T = max(C + (M − 1)·P, ⌈M/W⌉·C) + A_dev + RTT + A_edge.
+//! T = D + A_dev + RTT + A_edge.
 //!
-//! Sequential split learning is the window W = 1 (T = M·C + updates); with M = 1 both
-//! modes are the sum of the stages. A frozen device side (every device layer
-//! inside the frozen prefix) has no backward, no gradient download (the reply still
-//! comes: loss and timestamps, `h` bytes) and no device update.
+//! When the edge or a link is the bottleneck, D = C + (M − 1)·P (PAPERS.md's "their sum
+//! plus (M−1) periods"); when the device is, its forwards go first and D is nearer
+//! M·(f + b) plus what of the last round trip its backwards cannot hide. Sequential
+//! split learning is W = 1, so D = M·C; with M = 1 every mode is the sum of the stages.
+//! A frozen device side (every device layer inside the frozen prefix) has no backward,
+//! no gradient download (the reply still comes: loss and timestamps, `h` bytes) and no
+//! device update.
 //!
-//! This is PAPERS.md's model (period = the largest stage; about the sum plus (M−1)
-//! periods) with two refinements: the round-trip time is latency, counted once per
-//! crossing in the cycle rather than in every period, and the device's forward and
-//! backward share one resource, the device.
+//! This refines PAPERS.md's model: the round-trip time is latency, counted per crossing
+//! and not in every period; the device's forward and backward share one resource; and
+//! the schedule is the device's (forwards first, a window), which the closed form
+//! overestimates when the device is the bottleneck and replies are slow to come.
 
 use crate::error::{PlanError, Result, non_negative};
 use crate::measure::{Measurements, ServerTimes};
@@ -225,6 +229,8 @@ impl CostModel {
             latency_s: self.latency_share * s.link.rtt_s,
         };
         let cycle_s = stages.cycle_s();
+        // The period and the bottleneck: the busiest resource, or the window when it
+        // makes the step longer than an unlimited one would be.
         let (mut bottleneck, period_s) = [
             (Resource::Device, stages.device_forward_s + stages.device_backward_s),
             (Resource::Uplink, stages.up_s),
@@ -233,14 +239,14 @@ impl CostModel {
         ]
         .into_iter()
         .fold((Resource::Device, f64::NEG_INFINITY), |best, r| if r.1 > best.1 { r } else { best });
-        let pipelined_s = cycle_s + (micro_batches - 1) as f64 * period_s;
-        let window_s = micro_batches.div_ceil(mode.window(micro_batches)) as f64 * cycle_s;
-        if window_s > pipelined_s {
+        let window = mode.window(micro_batches);
+        let micro_s = schedule(&stages, micro_batches, window);
+        if window < micro_batches && micro_s > schedule(&stages, micro_batches, micro_batches) * (1.0 + 1e-12) {
             bottleneck = Resource::Window;
         }
         let device_apply_s = if frozen_device { 0.0 } else { m.device.apply_call_s + apply };
         let edge_apply_s = s.link.rtt_s + edge.apply_s;
-        let step_s = pipelined_s.max(window_s) + device_apply_s + edge_apply_s;
+        let step_s = micro_s + device_apply_s + edge_apply_s;
         Ok(Prediction {
             candidate: *candidate,
             server: s.name.clone(),
@@ -257,4 +263,31 @@ impl CostModel {
             step_s,
         })
     }
+}
+
+/// When the device is done with the last of `m` micro-batches, as `edgefreeze-device`'s
+/// pipeline runs them: the device runs a forward whenever fewer than `w` micro-batches
+/// are in flight, else it waits for the oldest one's reply and runs its backward; the
+/// uplink, the edge and the downlink each serve one micro-batch at a time, in order, and
+/// each crossing adds its latency. Replies come back in order, so a micro-batch's
+/// arrival is known once it is sent.
+fn schedule(st: &Stages, m: usize, w: usize) -> f64 {
+    let w = w.max(1);
+    let (mut device, mut up, mut edge, mut down) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut replies = std::collections::VecDeque::with_capacity(w);
+    let (mut sent, mut done) = (0, 0);
+    while done < m {
+        if sent < m && replies.len() < w {
+            device += st.device_forward_s;
+            up = up.max(device) + st.up_s;
+            edge = edge.max(up + st.latency_s) + st.edge_s;
+            down = down.max(edge) + st.down_s;
+            replies.push_back(down + st.latency_s);
+            sent += 1;
+        } else if let Some(reply) = replies.pop_front() {
+            device = device.max(reply) + st.device_backward_s;
+            done += 1;
+        }
+    }
+    device
 }

@@ -188,10 +188,45 @@ fn sequential_split_learning_is_the_sum_of_the_stages() {
     // Pipelined: 74 + 3 periods of 18 (the edge, and the device's 9 + 9).
     let pipelined = at(4, Mode::Pipelined(None));
     assert_ms(pipelined.step_s, 74.0 + 3.0 * 18.0 + 8.0, "pipelined M = 4");
-    // Two in flight: ⌈4/2⌉ = 2 cycles (148) outlast the pipeline (128).
+    // Two in flight: forwards 0 and 1 (0–9, 9–18); micro-batch 0's reply at 65, its
+    // backward 65–74, forward 2 74–83; reply 1 at 83, backward 83–92, forward 3 92–101;
+    // micro-batch 2 crosses at 100 + 2, is computed 102–120, comes down at 137 + 2,
+    // backward 139–148; micro-batch 3: uplink 101–118, edge 120–138, down 155 + 2,
+    // backward 157–166. Then the updates (8).
     let windowed = at(4, Mode::Pipelined(Some(2)));
-    assert_ms(windowed.step_s, 2.0 * 74.0 + 8.0, "pipelined M = 4, two in flight");
+    assert_ms(windowed.step_s, 166.0 + 8.0, "pipelined M = 4, two in flight");
     assert_eq!(windowed.bottleneck, Resource::Window);
+}
+
+#[test]
+fn a_busy_device_runs_its_forwards_first_and_hides_the_round_trips() {
+    // Batch 4, M = 4 (one sample each): the device takes 10 ms forward and 10 ms
+    // backward, each link and the edge 1 ms, and the round trip is 100 ms.
+    let m = Measurements {
+        device: DeviceTimes {
+            layers: vec![
+                LayerTimes { forward_s: 10.0 * MS, backward_s: 10.0 * MS, apply_s: 0.0 },
+                LayerTimes::default(),
+            ],
+            ..DeviceTimes::default()
+        },
+        cuts: vec![CutBytes { cut: 0, activation: 1000, label: 0 }],
+        servers: vec![ServerTimes {
+            name: "far".into(),
+            link: link(100.0, 1e6, 1e6),
+            cuts: vec![EdgeCutTimes { cut: 0, step: Affine { fixed_s: 0.0, per_sample_s: 1.0 * MS }, apply_s: 0.0 }],
+        }],
+    };
+    let workload = Workload { batch: 4, frozen_layers: 0 };
+    let at = |mode| bare().predict(&m, &workload, &Candidate { server: 0, cut: 0, micro_batches: 4, mode }).unwrap();
+    // Forwards end at 10, 20, 30, 40; replies come at 10i + 10 + 1 + 50 + 1 + 1 + 50 = 113,
+    // 123, 133, 143; the backwards run 113–153. Then a round trip asks for the edge's
+    // update (100). The closed form C + 3·P = 123 + 3·20 would say 183.
+    let pipelined = at(Mode::Pipelined(None));
+    assert_ms(pipelined.step_s, 153.0 + 100.0, "pipelined");
+    assert_eq!(pipelined.bottleneck, Resource::Device);
+    // Sequential: four cycles of 10 + 1 + 50 + 1 + 1 + 50 + 10 = 123.
+    assert_ms(at(Mode::Sequential).step_s, 4.0 * 123.0 + 100.0, "sequential");
 }
 
 #[test]
