@@ -244,9 +244,15 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
             link::probe_link(&mut client, &t.address, &up_sizes, &down_sizes, settings.link_reps, deadline).await
         });
         match measured {
-            Ok((times, samples)) => {
-                links.push(Some(times));
-                link_samples.push((t.address.clone(), samples));
+            Ok(probe) => {
+                for (up, down) in &probe.refused {
+                    skipped.push(format!(
+                        "{}: a probe of {up} bytes up and {down} down is over its message limit",
+                        t.address
+                    ));
+                }
+                links.push(Some(probe.times));
+                link_samples.push((t.address.clone(), probe.samples));
             }
             Err(e) => {
                 skipped.push(format!("{}: {e}", t.address));

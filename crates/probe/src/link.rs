@@ -13,7 +13,8 @@ use crate::error::{ProbeError, Result};
 use edgefreeze_plan::LinkTimes;
 use edgefreeze_wire::EdgeClient;
 use edgefreeze_wire::pb::{Header, ProbeRequest};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tonic::Code;
 
 /// The bandwidth reported when a direction is too fast to measure (every payload took
 /// no longer than the empty call): 1 TB/s.
@@ -30,9 +31,25 @@ pub struct LinkSample {
     pub seconds: f64,
 }
 
-/// Times `reps` calls of each size (an empty one, each up size, each down size) and
-/// derives the link; stops early at `deadline` (after at least one empty call and one
-/// call each way).
+/// A size's repetitions stop once it has taken this long (after one timed call): a
+/// 3 MB payload at 5 Mbit/s takes 5 s a call.
+pub const TIME_PER_SIZE: Duration = Duration::from_secs(2);
+
+/// What a link probe measured.
+#[derive(Debug, Clone)]
+pub struct LinkProbe {
+    /// The link.
+    pub times: LinkTimes,
+    /// The fastest call of each size.
+    pub samples: Vec<LinkSample>,
+    /// Sizes the server refused as too large for its message limit.
+    pub refused: Vec<(u64, u64)>,
+}
+
+/// Times up to `reps` calls of each size (an empty one, each up size, each down size,
+/// after one untimed empty call: the connection's first use pays for its setup) and
+/// derives the link. Stops early at `deadline` (after the empty call and one size each
+/// way); a size the server's message limit refuses is left out and listed.
 pub async fn probe_link(
     client: &mut EdgeClient,
     address: &str,
@@ -40,48 +57,65 @@ pub async fn probe_link(
     down_sizes: &[u64],
     reps: usize,
     deadline: Instant,
-) -> Result<(LinkTimes, Vec<LinkSample>)> {
+) -> Result<LinkProbe> {
     let fail = |message: String| ProbeError::Edge { address: address.to_string(), message };
-    let mut samples: Vec<LinkSample> = Vec::new();
+    let mut calls = 0u32;
+    // One call: its time less the server's, or `None` when the size is over the limit.
+    let mut call = async |up: u64, down: u64| -> Result<Option<f64>> {
+        calls += 1;
+        let request = ProbeRequest {
+            header: Some(Header::new("", 0, calls, 0)),
+            payload: vec![0; up as usize],
+            reply_bytes: down,
+        };
+        let start = Instant::now();
+        let answer = match client.probe(request).await {
+            Ok(answer) => answer.into_inner(),
+            Err(s) if (up, down) != (0, 0) && matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted) => {
+                return Ok(None);
+            }
+            Err(s) => {
+                return Err(fail(format!("probe of {up} bytes up, {down} down: {:?}: {}", s.code(), s.message())));
+            }
+        };
+        let elapsed = start.elapsed().as_secs_f64();
+        if answer.payload.len() as u64 != down || answer.header.as_ref().map(|h| h.micro_batch) != Some(calls) {
+            return Err(fail(format!(
+                "probe {calls}: the answer has {} bytes (asked for {down}) or another probe's header",
+                answer.payload.len()
+            )));
+        }
+        let server = answer.sent_unix_nanos.saturating_sub(answer.received_unix_nanos) as f64 * 1e-9;
+        Ok(Some((elapsed - server).max(0.0)))
+    };
+    call(0, 0).await?;
     let mut plan: Vec<(u64, u64)> = vec![(0, 0)];
     plan.extend(up_sizes.iter().map(|&s| (s, 0)));
     plan.extend(down_sizes.iter().map(|&s| (0, s)));
-    let mut calls = 0u32;
+    let (mut samples, mut refused) = (Vec::new(), Vec::new());
     for (i, &(up, down)) in plan.iter().enumerate() {
         let first_each_way = i == 0 || i == 1 || i == 1 + up_sizes.len();
         if Instant::now() >= deadline && !first_each_way {
             continue;
         }
+        let started = Instant::now();
         let mut best = f64::INFINITY;
-        // One untimed call first: the connection's first use pays for its setup.
-        for rep in 0..=reps.max(1) {
-            calls += 1;
-            let request = ProbeRequest {
-                header: Some(Header::new("", 0, calls, 0)),
-                payload: vec![0; up as usize],
-                reply_bytes: down,
-            };
-            let start = Instant::now();
-            let answer = client
-                .probe(request)
-                .await
-                .map_err(|s| fail(format!("probe of {up} bytes up, {down} down: {:?}: {}", s.code(), s.message())))?
-                .into_inner();
-            let elapsed = start.elapsed().as_secs_f64();
-            if answer.payload.len() as u64 != down || answer.header.as_ref().map(|h| h.micro_batch) != Some(calls) {
-                return Err(fail(format!(
-                    "probe {calls}: the answer has {} bytes (asked for {down}) or another probe's header",
-                    answer.payload.len()
-                )));
+        for rep in 0..reps.max(1) {
+            if rep > 0 && started.elapsed() >= TIME_PER_SIZE {
+                break;
             }
-            let server = answer.sent_unix_nanos.saturating_sub(answer.received_unix_nanos) as f64 * 1e-9;
-            if rep > 0 {
-                best = best.min((elapsed - server).max(0.0));
+            match call(up, down).await? {
+                Some(t) => best = best.min(t),
+                None => break,
             }
         }
-        samples.push(LinkSample { up_bytes: up, down_bytes: down, seconds: best });
+        if best.is_finite() {
+            samples.push(LinkSample { up_bytes: up, down_bytes: down, seconds: best });
+        } else {
+            refused.push((up, down));
+        }
     }
-    Ok((derive(&samples), samples))
+    Ok(LinkProbe { times: derive(&samples), samples, refused })
 }
 
 /// The link from timed calls (see the module's doc).

@@ -33,8 +33,13 @@ fn settings() -> ProbeSettings {
 
 /// An edge server on its own runtime thread (the probe blocks on its own runtimes).
 fn edge_server() -> (String, tokio::runtime::Runtime, EdgeServer) {
+    edge_server_with(edgefreeze_wire::Limits::default())
+}
+
+fn edge_server_with(limits: edgefreeze_wire::Limits) -> (String, tokio::runtime::Runtime, EdgeServer) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut config = EdgeConfig::new(edgefreeze_edge::side::split_builder());
+    config.limits = limits;
     config.engine_options = EngineOptions { threads: Some(1), ort_library: None };
     config.log = edgefreeze_edge::Log::to(|_| {});
     let tokens = TokenTable::parse(&format!("phone {TOKEN}\n"), "test tokens").unwrap();
@@ -118,5 +123,25 @@ fn a_spent_budget_measures_nothing_and_says_so() {
     let bad = ProbeSettings { cuts: Some(vec![2]), ..settings() };
     let err = probe(&model(), &[target("127.0.0.1:1".into())], &bad).unwrap_err();
     assert!(err.to_string().contains("cut 2 is not a valid cut of the model: valid are [0, 1]"), "{err}");
+    runtime.block_on(server.shutdown()).unwrap();
+}
+
+#[test]
+fn payloads_over_the_servers_message_limit_are_left_out_and_listed() {
+    // 1 MiB messages: the model (0.9 MB) fits, and so do the micro-batches of 256 samples,
+    // but one of 1024 at cut 0 (1.06 MB up, 1 MiB of gradient down) does not.
+    let (address, runtime, server) =
+        edge_server_with(edgefreeze_wire::Limits { max_message_bytes: 1 << 20, ..Default::default() });
+    let report = probe(&model(), &[target(address.clone())], &ProbeSettings { batch: 1024, ..settings() }).unwrap();
+    assert!(
+        report.skipped.iter().any(|s| s.contains("1056768 bytes up and 0 down is over its message limit")),
+        "{:?}",
+        report.skipped
+    );
+    let measured = &report.link_samples[0].1;
+    assert!(measured.iter().all(|s| s.up_bytes < 1 << 20 && s.down_bytes < 1 << 20), "{measured:?}");
+    assert!(measured.iter().any(|s| s.up_bytes > 0) && measured.iter().any(|s| s.down_bytes > 0));
+    // Cut 1's micro-batches (520 bytes a sample) fit: the edge is measured there.
+    assert!(report.measurements.servers[0].at(1).is_some(), "{:?}", report.skipped);
     runtime.block_on(server.shutdown()).unwrap();
 }
