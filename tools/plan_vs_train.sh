@@ -4,7 +4,8 @@
 # tools/netns.sh (NS = anything: run as root after `tools/netns.sh up`). Measured = the
 # epoch's training seconds / steps (so it includes data loading); the schedule spans are
 # the first three steps from their first device span to the edge update's end.
-# EDGEFREEZE is the binary (default target/release/edgefreeze).
+# EDGEFREEZE is the binary (default target/release/edgefreeze); EDGE_CPUS and DEVICE_CPUS
+# (taskset lists, e.g. 0 and 1) pin the edge server and the device to CPUs of their own.
 # usage: tools/plan_vs_train.sh MODEL BATCH LIMIT "CUT:M[:seq] ..." [NS]   (NS: run inside tools/netns.sh namespaces "ef")
 set -euo pipefail
 B=${EDGEFREEZE:-target/release/edgefreeze}
@@ -21,6 +22,8 @@ if [[ -n $ns ]]; then
 else
   EX_EDGE=""; EX_DEV=""; LISTEN=127.0.0.1:0
 fi
+[[ -z ${EDGE_CPUS:-} ]] || EX_EDGE="$EX_EDGE taskset -c $EDGE_CPUS"
+[[ -z ${DEVICE_CPUS:-} ]] || EX_DEV="$EX_DEV taskset -c $DEVICE_CPUS"
 $EX_EDGE $B edge serve --listen $LISTEN --tokens tokens.txt --threads 1 > edge.out 2> edge.err &
 EDGE_PID=$!
 trap 'kill $EDGE_PID 2>/dev/null || true' EXIT
