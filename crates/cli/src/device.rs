@@ -26,9 +26,22 @@ enum DeviceCommand {
 /// Arguments of `edgefreeze device train`.
 #[derive(Debug, clap::Args)]
 pub struct DeviceTrainArgs {
-    /// The edge server: HOST:PORT or http://HOST:PORT.
-    #[arg(long)]
-    pub edge: String,
+    /// The edge servers, in order of preference: HOST:PORT or http://HOST:PORT, comma
+    /// separated. The run opens on the first that answers; the others take over when it
+    /// is lost.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub edge: Vec<String>,
+    /// Seconds without an answer (to a call or a micro-batch) after which a server is lost.
+    #[arg(long, default_value_t = 30.0)]
+    pub edge_timeout: f64,
+    /// Seconds to keep trying the servers after one is lost (the lost one too: it may
+    /// restart at its address) before the run stops.
+    #[arg(long, default_value_t = 30.0)]
+    pub failover_wait: f64,
+    /// Updates between consistent copies of both sides (the edge's state fetched), from
+    /// which a fail-over continues (0: at the start of each epoch only).
+    #[arg(long, default_value_t = 20)]
+    pub sync_every: u64,
     /// This device's id, as the edge's tokens file lists it.
     #[arg(long, default_value = "device")]
     pub device_id: String,
@@ -136,10 +149,14 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
             ..TrainOptions::default()
         },
         max_in_flight: args.max_in_flight,
+        edge_timeout: seconds("--edge-timeout", args.edge_timeout)?,
+        failover_wait: seconds("--failover-wait", args.failover_wait)?,
+        sync_every: args.sync_every,
         ..DeviceOptions::default()
     };
-    let edge = EdgeAddress { address: args.edge.clone(), credentials };
-    let mut trainer = match DeviceTrainer::open(&dir, &edge, options) {
+    let edges: Vec<EdgeAddress> =
+        args.edge.iter().map(|a| EdgeAddress { address: a.clone(), credentials: credentials.clone() }).collect();
+    let mut trainer = match DeviceTrainer::open(&dir, &edges, options) {
         Ok(t) => t,
         Err(e) => {
             // A run that could not start (the edge unreachable, a wrong token) leaves no
@@ -148,7 +165,7 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
                 made.undo(&dir);
             }
             return Err(e).with_context(|| {
-                format!("opening the device run in {} with the edge at {}", dir.display(), args.edge)
+                format!("opening the device run in {} with the edge at {}", dir.display(), args.edge.join(","))
             });
         }
     };
@@ -162,7 +179,7 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
             spec.model,
             spec.data,
             split.cut,
-            args.edge,
+            trainer.edge_place().address,
             if split.sequential { "sequential" } else { "pipelined" },
             split.micro_batches,
             if split.recompute { ", recompute" } else { "" },
@@ -239,4 +256,12 @@ fn new_run_folder(args: &DeviceTrainArgs, model: &Path, data: &str) -> Result<(P
             Ok((claim_numbered(&wanted)?, Made::Folder))
         }
     }
+}
+
+/// A positive number of seconds.
+fn seconds(flag: &str, value: f64) -> Result<std::time::Duration> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("{flag} must be a positive number of seconds, not {value}");
+    }
+    Ok(std::time::Duration::from_secs_f64(value))
 }

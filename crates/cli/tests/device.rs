@@ -29,17 +29,24 @@ const TOKEN: &str = "tok-0123456789abcdef";
 struct Edge {
     child: Child,
     address: String,
+    /// Started again at the address of one that was killed.
+    restarted: bool,
     _dir: tempfile::TempDir,
 }
 
 impl Edge {
     fn spawn(state_dir: Option<&Path>) -> Edge {
+        Edge::spawn_at("127.0.0.1:0", state_dir)
+    }
+
+    /// A server listening on `listen` (a fixed port, to restart one at its address).
+    fn spawn_at(listen: &str, state_dir: Option<&Path>) -> Edge {
         let dir = tempfile::tempdir().unwrap();
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("phone-1 {TOKEN}\nphone-2 {TOKEN}x\n")).unwrap();
         let state = state_dir.map_or_else(|| dir.path().join("state"), Path::to_path_buf);
         let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
-            .args(["edge", "serve", "--listen", "127.0.0.1:0", "--threads", "1", "--tokens"])
+            .args(["edge", "serve", "--listen", listen, "--threads", "1", "--tokens"])
             .arg(&tokens)
             .arg("--state-dir")
             .arg(&state)
@@ -57,7 +64,7 @@ impl Edge {
         };
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Edge { child, address, _dir: dir }
+        Edge { child, address, restarted: false, _dir: dir }
     }
 }
 
@@ -105,7 +112,7 @@ fn device_run(
     recipe: &Recipe,
 ) -> (Vec<(String, Value)>, Vec<(String, Value)>) {
     create_device_run(dir, &model(onnx), "cross-entropy", OPTIMIZER, "fashion-mnist", recipe, split).unwrap();
-    let mut trainer = DeviceTrainer::open(dir, edge, device_options()).unwrap();
+    let mut trainer = DeviceTrainer::open(dir, std::slice::from_ref(edge), device_options()).unwrap();
     trainer.run().unwrap();
     let state = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
     trainer.close().unwrap();
@@ -425,7 +432,7 @@ fn a_wrong_token_or_an_unknown_device_is_refused() {
             split.clone(),
         )
         .unwrap();
-        let err = DeviceTrainer::open(&run, &edge_at(&edge.address, device, token), device_options())
+        let err = DeviceTrainer::open(&run, &[edge_at(&edge.address, device, token)], device_options())
             .err()
             .expect("refused")
             .to_string();
@@ -449,19 +456,21 @@ fn resume_continues_both_sides_at_the_same_step() {
 
     let run = dir.path().join("resumed");
     create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
-    let mut first = DeviceTrainer::open(&run, &at, DeviceOptions { epochs_now: Some(1), ..device_options() }).unwrap();
+    let mut first =
+        DeviceTrainer::open(&run, std::slice::from_ref(&at), DeviceOptions { epochs_now: Some(1), ..device_options() })
+            .unwrap();
     assert_eq!(first.run().unwrap().epochs, 1);
     first.close().unwrap();
 
     // Another edge server, without this run's checkpoints, cannot resume it.
     let empty = Edge::spawn(None);
-    let err = DeviceTrainer::open(&run, &edge_at(&empty.address, "phone-1", TOKEN), device_options())
+    let err = DeviceTrainer::open(&run, &[edge_at(&empty.address, "phone-1", TOKEN)], device_options())
         .err()
         .expect("an edge without the run's checkpoint refuses to resume it")
         .to_string();
     assert!(err.contains("step 2") || err.contains("checkpoint"), "{err}");
 
-    let mut second = DeviceTrainer::open(&run, &at, device_options()).unwrap();
+    let mut second = DeviceTrainer::open(&run, std::slice::from_ref(&at), device_options()).unwrap();
     assert_eq!((second.epochs_done(), second.steps_done()), (1, 2));
     assert_eq!(second.run().unwrap().steps, 4);
     let resumed = (second.device_state().unwrap(), second.edge_state().unwrap());
@@ -509,4 +518,265 @@ fn device_and_edge_as_separate_processes_with_the_schedule_chart() {
         .unwrap();
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("nothing to do"), "{}", text(&again));
+}
+
+/// The uninterrupted reference of the fault tests: the MLP split after layer 0, 2 epochs
+/// of 8 updates of 32 samples, M = 2, one engine thread on both sides → (device state,
+/// edge state).
+#[allow(clippy::type_complexity)]
+fn reference_run(dir: &Path, recipe: &Recipe, split: &SplitSettings) -> (Vec<(String, Value)>, Vec<(String, Value)>) {
+    let edge = Edge::spawn(None);
+    device_run(dir, &edge_at(&edge.address, "phone-1", TOKEN), "mlp.onnx", split.clone(), recipe)
+}
+
+/// Options for the fault tests: a consistent copy every 3 updates, a short fail-over wait,
+/// and `hook` after every update.
+fn fault_options(hook: impl Fn(u64) + Send + Sync + 'static) -> DeviceOptions {
+    DeviceOptions {
+        sync_every: 3,
+        edge_timeout: std::time::Duration::from_secs(10),
+        failover_wait: std::time::Duration::from_secs(20),
+        after_update: Some(edgefreeze_device::trainer::AfterUpdate(Arc::new(hook))),
+        ..device_options()
+    }
+}
+
+fn decisions(run: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] == "decision" && v["kind"] == kind)
+        .collect()
+}
+
+#[test]
+fn a_killed_edge_server_is_failed_over_without_losing_or_repeating_an_update() {
+    fail_over_case(Fault::Kill);
+}
+
+#[test]
+fn an_edge_server_that_stops_answering_is_failed_over_after_the_timeout() {
+    fail_over_case(Fault::Stop);
+}
+
+/// How the first server fails.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// kill -9: the connection breaks at once.
+    Kill,
+    /// kill -STOP: the process hangs and the connection stays open; only the device's
+    /// timeout finds it out.
+    Stop,
+}
+
+fn fail_over_case(fault: Fault) {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let want = reference_run(&dir.path().join("reference"), &recipe, &split);
+
+    let first = Arc::new(Mutex::new(Some(Edge::spawn(None))));
+    let second = Edge::spawn(None);
+    let first_address = first.lock().unwrap().as_ref().unwrap().address.clone();
+    let edges = [edge_at(&first_address, "phone-1", TOKEN), edge_at(&second.address, "phone-1", TOKEN)];
+    let run = dir.path().join("run");
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    // kill -9 of the first server after update 5: the last consistent copy is at 3.
+    let killer = Arc::clone(&first);
+    let mut options = fault_options(move |step| {
+        if step != 5 {
+            return;
+        }
+        match fault {
+            Fault::Kill => {
+                if let Some(mut edge) = killer.lock().unwrap().take() {
+                    edge.child.kill().unwrap();
+                    edge.child.wait().unwrap();
+                }
+            }
+            Fault::Stop => {
+                if let Some(edge) = killer.lock().unwrap().as_ref() {
+                    let pid = edge.child.id().to_string();
+                    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+                }
+            }
+        }
+    });
+    if matches!(fault, Fault::Stop) {
+        options.edge_timeout = std::time::Duration::from_secs(2);
+    }
+    let mut trainer = DeviceTrainer::open(&run, &edges, options).unwrap();
+    assert_eq!(trainer.edge_place().address, first_address);
+    let summary = trainer.run().unwrap();
+    assert_eq!(summary.steps, 16, "every update done once");
+    assert_eq!(trainer.edge_place().address, second.address, "the run moved to the second server");
+    let got = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    // The updates after the last consistent copy were done again from it, with the same
+    // batches: the run is the uninterrupted run, bit for bit.
+    assert_eq!(got.0, want.0, "device state");
+    assert_eq!(got.1, want.1, "edge state");
+    let failovers = decisions(&run, "failover");
+    assert_eq!(failovers.len(), 1, "{failovers:?}");
+    assert_eq!(failovers[0]["step"], 3, "{failovers:?}");
+    let reason = failovers[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(&first_address) && reason.contains(&second.address), "{reason}");
+    // metrics.jsonl has every update, those done again included, in order of time.
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] == "step")
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], "{text}");
+}
+
+#[test]
+fn a_restarted_edge_server_takes_the_run_back_and_refuses_messages_from_before() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let want = reference_run(&dir.path().join("reference"), &recipe, &split);
+
+    let edge = Arc::new(Mutex::new(Edge::spawn(None)));
+    let address = edge.lock().unwrap().address.clone();
+    let run = dir.path().join("run");
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    // After update 10 the only server dies and a new one starts at its address.
+    let restarter = Arc::clone(&edge);
+    let listen = address.clone();
+    let options = fault_options(move |step| {
+        let mut edge = restarter.lock().unwrap();
+        if step == 10 && edge.address == listen && !edge.restarted {
+            edge.child.kill().unwrap();
+            edge.child.wait().unwrap();
+            let mut again = Edge::spawn_at(&listen, None);
+            again.restarted = true;
+            *edge = again;
+        }
+    });
+    let mut trainer = DeviceTrainer::open(&run, &[edge_at(&address, "phone-1", TOKEN)], options).unwrap();
+    let before = trainer.session().header.clone().unwrap();
+    let summary = trainer.run().unwrap();
+    assert_eq!(summary.steps, 16);
+    let after = trainer.session().header.clone().unwrap();
+    assert_ne!(after.session_id, before.session_id);
+    assert_ne!(after.model_version, before.model_version, "a restarted server hands out new model versions");
+    let got = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    assert_eq!(got.0, want.0, "device state");
+    assert_eq!(got.1, want.1, "edge state");
+    assert_eq!(decisions(&run, "failover").len(), 1);
+
+    // A message of the session from before the restart is refused by the new server.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let status = runtime.block_on(async {
+        let credentials = Credentials::new("phone-1", TOKEN).unwrap();
+        let limits = edgefreeze_wire::Limits::default();
+        let mut client = edgefreeze_wire::connect(&address, credentials, &limits).await.unwrap();
+        let stale = edgefreeze_wire::pb::FetchStateRequest {
+            header: Some(edgefreeze_wire::pb::Header::new(&before.session_id, 9, 0, before.model_version)),
+        };
+        client.fetch_state(stale).await.unwrap_err()
+    });
+    assert!(
+        matches!(status.code(), tonic::Code::NotFound | tonic::Code::FailedPrecondition),
+        "a stale message is refused: {status:?}"
+    );
+}
+
+#[test]
+fn the_edge_side_migrates_between_steps_and_training_goes_on_unchanged() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    let want = reference_run(&dir.path().join("reference"), &recipe, &split);
+    let (first, second) = (Edge::spawn(None), Edge::spawn(None));
+    let edges = [edge_at(&first.address, "phone-1", TOKEN), edge_at(&second.address, "phone-1", TOKEN)];
+    let run = dir.path().join("run");
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    let mut trainer =
+        DeviceTrainer::open(&run, &edges, DeviceOptions { epochs_now: Some(1), ..device_options() }).unwrap();
+    trainer.run().unwrap();
+    trainer.migrate(1, "the test moves it").unwrap();
+    assert_eq!(trainer.edge_place().address, second.address);
+    let summary = trainer.run().unwrap();
+    assert_eq!(summary.steps, 16);
+    let got = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    assert_eq!(got.0, want.0, "device state");
+    assert_eq!(got.1, want.1, "edge state");
+    let moves = decisions(&run, "migrate");
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0]["step"], 8);
+}
+
+#[test]
+fn the_cut_moves_mid_run_with_the_state_of_the_layers_that_change_sides() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, 32, 256);
+    // Local training is the reference: a split run at any cut equals it up to f32
+    // rounding (see pipelined_split_training_equals_local_training).
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 0);
+    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let want = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
+        .unwrap()
+        .state;
+
+    let (first, second) = (Edge::spawn(None), Edge::spawn(None));
+    let edges = [edge_at(&first.address, "phone-1", TOKEN), edge_at(&second.address, "phone-1", TOKEN)];
+    let run = dir.path().join("run");
+    let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    create_device_run(&run, &model("mlp.onnx"), "cross-entropy", OPTIMIZER, "fashion-mnist", &recipe, split).unwrap();
+    let mut trainer =
+        DeviceTrainer::open(&run, &edges, DeviceOptions { epochs_now: Some(1), ..device_options() }).unwrap();
+    trainer.run().unwrap();
+    let before: Vec<String> = trainer.device_state().unwrap().into_iter().map(|(n, _)| n).collect();
+    // fc2 (and its momentum) moves from the edge to the device, on the other server.
+    trainer.recut(1, 1, "the test moves it").unwrap();
+    let after: Vec<String> = trainer.device_state().unwrap().into_iter().map(|(n, _)| n).collect();
+    assert!(after.len() > before.len() && before.iter().all(|n| after.contains(n)), "{before:?} → {after:?}");
+    assert_eq!(trainer.edge_place().cut, Some(1));
+    trainer.run().unwrap();
+    let (device, edge_state) = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    let mut seen = 0;
+    for (name, value) in device.iter().chain(&edge_state) {
+        let (_, w) = want.iter().find(|(n, _)| n == name).unwrap();
+        let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+        let (got, w, start) = (f32s(value), f32s(w), f32s(start));
+        let update: Vec<f64> = w.iter().zip(&start).map(|(w, s)| w - s).collect();
+        let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
+        let (err, update_err) = (relative(&got, &w), relative(&moved, &update));
+        assert!(err < 1e-6 && update_err < 1e-4, "{name}: {err:e} (update {update_err:e})");
+        seen += 1;
+    }
+    assert_eq!(seen, 12, "every parameter and momentum, on one side or the other");
+    let moves = decisions(&run, "migrate");
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert!(moves[0]["reason"].as_str().unwrap().contains("after layer 0 to after layer 1"), "{moves:?}");
+
+    // Resumed, the run is at the new cut (its last checkpoint says so).
+    let again = DeviceTrainer::open(&run, &edges, device_options());
+    let again = again.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.device_run().split.cut, 1);
+    assert_eq!(again.epochs_done(), 2);
 }

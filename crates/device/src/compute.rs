@@ -111,6 +111,24 @@ impl GraphDevice {
     pub fn state(&self) -> Result<Vec<(String, Value)>> {
         self.state.iter().map(|n| Ok((n.clone(), self.workspace.state(n)?))).collect()
     }
+
+    /// Puts a state copied out by [`GraphDevice::state`] back (a fail-over rolls the device
+    /// back to its last consistent step) and drops any half-accumulated gradients.
+    pub fn restore(&mut self, state: &[(String, Value)]) -> Result<()> {
+        for name in &self.state {
+            if !state.iter().any(|(n, _)| n == name) {
+                return Err(DeviceError::Config(format!("the state to restore has no tensor {name:?}")));
+            }
+        }
+        for (name, value) in state {
+            if !self.state.contains(name) {
+                return Err(DeviceError::Config(format!("{name:?} is not device state")));
+            }
+            self.workspace.set_state(name, value.clone())?;
+        }
+        self.grads = GradientSum::default();
+        Ok(())
+    }
 }
 
 impl DeviceSide for GraphDevice {

@@ -28,9 +28,19 @@ pub enum DeviceError {
         /// What is wrong.
         message: String,
     },
-    /// The link to the edge failed (connection, status from the server).
+    /// The edge refused something (a status from the server that a retry would get
+    /// again: a wrong token, a bad request).
     #[error("edge {0}")]
     Link(String),
+    /// The edge server is gone: the connection broke, or it did not answer in time. The
+    /// trainer can fail over to another server from its last consistent state.
+    #[error("the edge at {address} is lost: {message}")]
+    EdgeLost {
+        /// The server.
+        address: String,
+        /// What happened.
+        message: String,
+    },
     /// Bad settings.
     #[error("{0}")]
     Config(String),

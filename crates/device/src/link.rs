@@ -13,16 +13,50 @@ use edgefreeze_engine::Value;
 use edgefreeze_wire::pb::{self, Header};
 use edgefreeze_wire::{EdgeClient, Limits, auth::Credentials, tensor};
 use std::sync::mpsc;
+use std::time::Duration;
 
 /// How many micro-batches may wait in the sender's queue before `send` blocks.
 const UPLINK_QUEUE: usize = 64;
 
-fn status(what: &str) -> impl Fn(tonic::Status) -> DeviceError + '_ {
-    move |s| DeviceError::Link(format!("refused {what}: {:?}: {}", s.code(), s.message()))
+/// A status from the edge: a lost server (the connection broke, the call timed out, the
+/// server is shutting down) or a refusal that a retry would get again.
+fn classify(address: &str, what: &str, s: &tonic::Status) -> DeviceError {
+    use tonic::Code;
+    match s.code() {
+        // tonic reports a broken connection as Unavailable or Unknown (a transport error
+        // with no status from the server), and a call cut off as Cancelled.
+        Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted | Code::Unknown => {
+            DeviceError::EdgeLost {
+                address: address.into(),
+                message: format!("{what}: {:?}: {}", s.code(), s.message()),
+            }
+        }
+        _ => DeviceError::Link(format!("refused {what}: {:?}: {}", s.code(), s.message())),
+    }
+}
+
+fn lost(address: &str, message: String) -> DeviceError {
+    DeviceError::EdgeLost { address: address.into(), message }
 }
 
 fn wire(e: edgefreeze_wire::WireError) -> DeviceError {
     DeviceError::Link(e.to_string())
+}
+
+/// Runs a call on the runtime, giving up after `timeout` (a server that stopped
+/// answering is lost, the same as one whose connection broke).
+fn call<T>(
+    runtime: &tokio::runtime::Handle,
+    address: &str,
+    timeout: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T> {
+    match runtime.block_on(async { tokio::time::timeout(timeout, future).await }) {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => Err(classify(address, what, &s)),
+        Err(_) => Err(lost(address, format!("{what}: no answer in {:.1} s", timeout.as_secs_f64()))),
+    }
 }
 
 fn nanos_to_us(ns: u64) -> i64 {
@@ -44,13 +78,21 @@ pub struct EdgeSession {
     runtime: tokio::runtime::Runtime,
     client: EdgeClient,
     limits: Limits,
+    address: String,
+    timeout: Duration,
     /// The edge's answer to OpenSession (session id, step, version, ports, limits).
     pub opened: pb::OpenSessionResponse,
 }
 
 impl EdgeSession {
-    /// Connects to `address` and opens a session (a new run, or a resumed one).
-    pub fn open(address: &str, credentials: Credentials, request: pb::OpenSessionRequest) -> Result<EdgeSession> {
+    /// Connects to `address` and opens a session (a new run, or a resumed one). A server
+    /// that does not answer within `timeout` (connection, each call, each reply) is lost.
+    pub fn open(
+        address: &str,
+        credentials: Credentials,
+        request: pb::OpenSessionRequest,
+        timeout: Duration,
+    ) -> Result<EdgeSession> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("edgefreeze-device-net")
@@ -58,18 +100,27 @@ impl EdgeSession {
             .build()
             .map_err(|e| DeviceError::Link(format!("cannot start the network runtime: {e}")))?;
         let mut limits = Limits::default();
-        let mut client = runtime.block_on(edgefreeze_wire::connect(address, credentials, &limits)).map_err(wire)?;
-        let opened = runtime
-            .block_on(client.open_session(request))
-            .map_err(status("the session"))
-            .map(tonic::Response::into_inner)?;
+        let connect =
+            async { tokio::time::timeout(timeout, edgefreeze_wire::connect(address, credentials, &limits)).await };
+        let mut client = match runtime.block_on(connect) {
+            Ok(Ok(c)) => c,
+            // Nothing listens there (yet): as lost as a server that vanished.
+            Ok(Err(e)) => return Err(lost(address, e.to_string())),
+            Err(_) => return Err(lost(address, format!("no connection in {:.1} s", timeout.as_secs_f64()))),
+        };
+        let opened = call(runtime.handle(), address, timeout, "the session", client.open_session(request))?;
         if opened.header.is_none() {
             return Err(DeviceError::Link("the edge's OpenSession answer has no header".into()));
         }
         if opened.max_message_bytes > 0 {
             limits.max_message_bytes = limits.max_message_bytes.min(opened.max_message_bytes as usize);
         }
-        Ok(EdgeSession { runtime, client, limits, opened })
+        Ok(EdgeSession { runtime, client, limits, address: address.into(), timeout, opened })
+    }
+
+    /// The server's address.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// The header the edge opened the session with (its step is where the edge stands).
@@ -83,20 +134,21 @@ impl EdgeSession {
         let (deliver, down) = mpsc::channel::<Result<Download>>();
         let mut client = self.client.clone();
         let limits = self.limits;
+        let address = self.address.clone();
         self.runtime.spawn(async move {
             let requests = tokio_stream::wrappers::ReceiverStream::new(queue);
             let mut replies = match client.train(requests).await {
                 Ok(r) => r.into_inner(),
                 Err(s) => {
-                    let _ = deliver.send(Err(status("the training stream")(s)));
+                    let _ = deliver.send(Err(classify(&address, "the training stream", &s)));
                     return;
                 }
             };
             loop {
                 let item = match replies.message().await {
                     Ok(Some(m)) => download(m, &limits, crate::pipeline::now_us()),
-                    Ok(None) => Err(DeviceError::Link("the edge closed the training stream".into())),
-                    Err(s) => Err(status("a micro-batch")(s)),
+                    Ok(None) => Err(lost(&address, "the edge closed the training stream".into())),
+                    Err(s) => Err(classify(&address, "a micro-batch", &s)),
                 };
                 let last = item.is_err();
                 if deliver.send(item).is_err() || last {
@@ -111,17 +163,16 @@ impl EdgeSession {
             down,
             sends_dropout_seed: self.opened.needs_dropout_seed,
             edge_checkpoint_missed: false,
+            address: self.address.clone(),
+            timeout: self.timeout,
         }
     }
 
     /// Copies the edge's state of the session out (between steps).
     pub fn fetch_state(&self, header: &Header) -> Result<Vec<(String, Value)>> {
         let mut client = self.client.clone();
-        let state = self
-            .runtime
-            .block_on(client.fetch_state(pb::FetchStateRequest { header: Some(header.clone()) }))
-            .map_err(status("the state"))?
-            .into_inner();
+        let request = pb::FetchStateRequest { header: Some(header.clone()) };
+        let state = call(self.runtime.handle(), &self.address, self.timeout, "the state", client.fetch_state(request))?;
         state
             .tensors
             .iter()
@@ -136,12 +187,24 @@ impl EdgeSession {
             .collect()
     }
 
+    /// Replaces the session's whole state and moves it to `header.step` (between steps):
+    /// how the edge side of a run moves to another server. Returns the edge's header.
+    pub fn put_state(&self, header: &Header, state: &[(String, Value)]) -> Result<Header> {
+        let mut client = self.client.clone();
+        let tensors = state
+            .iter()
+            .map(|(name, value)| pb::NamedTensor { name: name.clone(), tensor: Some(tensor::from_value(value)) })
+            .collect();
+        let request = pb::PutStateRequest { header: Some(header.clone()), tensors };
+        let answer = call(self.runtime.handle(), &self.address, self.timeout, "the state", client.put_state(request))?;
+        answer.header.ok_or_else(|| DeviceError::Link("the edge's PutState answer has no header".into()))
+    }
+
     /// Frees the session on the edge.
     pub fn close(&self, header: &Header) -> Result<()> {
         let mut client = self.client.clone();
-        self.runtime
-            .block_on(client.close_session(pb::CloseSessionRequest { header: Some(header.clone()) }))
-            .map_err(status("closing the session"))?;
+        let request = pb::CloseSessionRequest { header: Some(header.clone()) };
+        call(self.runtime.handle(), &self.address, self.timeout, "closing the session", client.close_session(request))?;
         Ok(())
     }
 }
@@ -178,6 +241,8 @@ pub struct GrpcLink {
     sends_dropout_seed: bool,
     /// An update asked the edge for a checkpoint and it wrote none (it keeps none).
     edge_checkpoint_missed: bool,
+    address: String,
+    timeout: Duration,
 }
 
 impl GrpcLink {
@@ -200,22 +265,28 @@ impl Link for GrpcLink {
         let up = self.up.as_ref().ok_or_else(|| DeviceError::Link("the training stream is closed".into()))?;
         if up.blocking_send(message).is_err() {
             // The stream ended; the receiver has the reason.
-            return Err(match self.down.recv() {
+            return Err(match self.down.recv_timeout(self.timeout) {
                 Ok(Err(e)) => e,
-                _ => DeviceError::Link("the training stream ended".into()),
+                _ => lost(&self.address, "the training stream ended".into()),
             });
         }
         Ok(())
     }
 
     fn recv(&mut self) -> Result<Download> {
-        self.down.recv().map_err(|_| DeviceError::Link("the training stream ended".into()))?
+        match self.down.recv_timeout(self.timeout) {
+            Ok(reply) => reply,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                Err(lost(&self.address, format!("no reply to a micro-batch in {:.1} s", self.timeout.as_secs_f64())))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(lost(&self.address, "the training stream ended".into())),
+        }
     }
 
     fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
         let mut client = self.client.clone();
         let request = pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint };
-        let answer = self.runtime.block_on(client.apply_update(request)).map_err(status("the update"))?.into_inner();
+        let answer = call(&self.runtime, &self.address, self.timeout, "the update", client.apply_update(request))?;
         if checkpoint && !answer.checkpointed {
             self.edge_checkpoint_missed = true;
         }

@@ -22,7 +22,7 @@ use edgefreeze_data::named::Splits;
 use edgefreeze_data::{Loader, LoaderOptions, Samples, batch_count, epoch_order};
 use edgefreeze_engine::{StateUpdates, Value};
 use edgefreeze_train::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoint_path, list_checkpoints};
-use edgefreeze_train::metrics::{MetricsLog, Record};
+use edgefreeze_train::metrics::{Decision, DecisionKind, MetricsLog, Record};
 use edgefreeze_train::run::{GRAPHS_DIR, METRICS_FILE, read_manifest};
 use edgefreeze_train::{
     ModelSource, Recipe, RunSpec, TrainOptions, batch_values, check_fit, create_run, dropout_seed, evaluate,
@@ -32,7 +32,7 @@ use edgefreeze_wire::auth::Credentials;
 use edgefreeze_wire::pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The device settings file of a run folder.
 pub const DEVICE_FILE: &str = "device.json";
@@ -73,12 +73,81 @@ pub struct DeviceOptions {
     /// Train at most this many epochs in this call (the run's recipe still says how many
     /// it has); None trains them all.
     pub epochs_now: Option<usize>,
+    /// A server that does not answer a call or a micro-batch in this long is lost.
+    pub edge_timeout: Duration,
+    /// Fail-over: how long to keep trying the servers (the lost one too: it may come back
+    /// at its address) before the run stops.
+    pub failover_wait: Duration,
+    /// Updates between consistent copies of both sides (the device's state and the edge's,
+    /// fetched), from which a fail-over continues; 0: only at the start of each epoch.
+    pub sync_every: u64,
+    /// Called after every update with the number of updates done (an observer: progress
+    /// displays, tests that act at a given step).
+    pub after_update: Option<AfterUpdate>,
+}
+
+/// A callback run after every update with the number of updates done.
+#[derive(Clone)]
+pub struct AfterUpdate(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl std::fmt::Debug for AfterUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterUpdate(..)")
+    }
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { train: TrainOptions::default(), schedule_steps: 3, max_in_flight: None, epochs_now: None }
+        DeviceOptions {
+            train: TrainOptions::default(),
+            schedule_steps: 3,
+            max_in_flight: None,
+            epochs_now: None,
+            edge_timeout: Duration::from_secs(30),
+            failover_wait: Duration::from_secs(30),
+            sync_every: 20,
+            after_update: None,
+        }
     }
+}
+
+/// Where the edge side of a run lives, recorded in every device checkpoint (a run that
+/// failed over or migrated resumes on the server that holds its edge checkpoint).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EdgePlace {
+    /// The server's address.
+    pub address: String,
+    /// The run's name there.
+    pub run_id: String,
+    /// The cut of the split there, when it moved from the one `device.json` gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<usize>,
+}
+
+impl EdgePlace {
+    const KEY: &'static str = "edge";
+
+    fn to_controller(&self) -> serde_json::Value {
+        serde_json::json!({ Self::KEY: self })
+    }
+
+    fn from_controller(value: Option<&serde_json::Value>) -> Option<EdgePlace> {
+        serde_json::from_value(value?.get(Self::KEY)?.clone()).ok()
+    }
+}
+
+/// What one update reported.
+struct BatchResult {
+    loss: f64,
+    correct: f64,
+    samples: usize,
+}
+
+/// Both sides' state at one step: what a fail-over continues from.
+struct Consistent {
+    step: u64,
+    device: Vec<(String, Value)>,
+    edge: Vec<(String, Value)>,
 }
 
 /// A run name the edge accepts: the folder's name, cleaned, and a time stamp.
@@ -89,7 +158,8 @@ fn run_id_for(dir: &Path) -> String {
         .unwrap_or_default()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' { c } else { '_' })
-        .take(40)
+        // Short enough that fail-over suffixes stay within the edge's 64 characters.
+        .take(32)
         .collect();
     format!("{}-{:x}", if name.is_empty() { "run" } else { &name }, crate::pipeline::now_us())
 }
@@ -159,6 +229,18 @@ pub struct DeviceTrainer {
     device: GraphDevice,
     session: EdgeSession,
     header: pb::Header,
+    /// The servers this run may use, in order of preference.
+    edges: Vec<EdgeAddress>,
+    /// Where the edge side lives now.
+    place: EdgePlace,
+    /// What OpenSession sends (kept for fail-over and migration).
+    split_request: pb::SplitRequest,
+    /// Sessions opened so far by fail-over or migration (names the run on a new server).
+    moves: u32,
+    /// The last consistent copy of both sides.
+    consistent: Option<Consistent>,
+    /// Decisions taken between steps, for the metrics log.
+    pending: Vec<Decision>,
     epochs_done: usize,
     steps_done: u64,
     last_checkpoint: PathBuf,
@@ -172,9 +254,22 @@ impl DeviceTrainer {
     /// Opens a device run: builds the device's graphs, restores its last checkpoint (a
     /// new run writes the initial state as checkpoint 0) and opens the session on the
     /// edge, new or resumed at the checkpoint's step.
-    pub fn open(dir: &Path, edge: &EdgeAddress, options: DeviceOptions) -> Result<DeviceTrainer> {
+    ///
+    /// `edges` are the servers the run may use, in order of preference: a new run opens on
+    /// the first that answers; a resumed run on the server its last checkpoint names (the
+    /// edge holds its side's checkpoint there). The others are fail-over targets.
+    pub fn open(dir: &Path, edges: &[EdgeAddress], options: DeviceOptions) -> Result<DeviceTrainer> {
+        let Some(first_edge) = edges.first() else {
+            return Err(DeviceError::Config("give at least one edge server".into()));
+        };
         let spec = open_run(dir)?;
-        let run = read_device_run(dir)?;
+        let mut run = read_device_run(dir)?;
+        let checkpoints = list_checkpoints(dir)?;
+        let last = checkpoints.last().map(|(_, path)| Checkpoint::read(path)).transpose()?;
+        // A run whose cut moved resumes at the cut its last checkpoint was taken at.
+        if let Some(cut) = last.as_ref().and_then(|c| EdgePlace::from_controller(c.info.controller.as_ref())?.cut) {
+            run.split.cut = cut;
+        }
         let graphs_dir = dir.join(GRAPHS_DIR);
         let manifest = read_manifest(&graphs_dir)?;
         let input = match manifest.data_inputs.as_slice() {
@@ -202,10 +297,10 @@ impl DeviceTrainer {
             device_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
         let takes_dropout_seed = forward.graph.inputs.iter().any(|i| i.name == crate::compute::DROPOUT_SEED);
 
-        let checkpoints = list_checkpoints(dir)?;
+        let mut recorded_place = None;
         let (state, epochs_done, steps_done, last_checkpoint, last_test_accuracy) = match checkpoints.last() {
             Some((_, path)) => {
-                let c = Checkpoint::read(path)?;
+                let c = last.expect("read above");
                 let mut state = Vec::new();
                 for (name, _) in &initial {
                     let value = c.get(name).cloned().ok_or_else(|| DeviceError::Run {
@@ -214,6 +309,7 @@ impl DeviceTrainer {
                     })?;
                     state.push((name.clone(), value));
                 }
+                recorded_place = EdgePlace::from_controller(c.info.controller.as_ref());
                 (state, c.info.epoch, c.info.step, path.clone(), c.info.test_accuracy)
             }
             // Checkpoint 0 is written once the edge has opened the session: a start that
@@ -232,35 +328,82 @@ impl DeviceTrainer {
             &options.train.engine,
             &options.train.engine_options,
         )?;
-        let request = pb::OpenSessionRequest {
-            // The protocol wants a header on every message; an empty one asks for a new
-            // session id.
-            header: Some(pb::Header::default()),
-            run_id: run.run_id.clone(),
-            split: Some(split_request(model_bytes, &run.split, &manifest.loss, &manifest.optimizer)?),
-            resume_step: (epochs_done > 0).then_some(steps_done),
+        let split_request = split_request(model_bytes, &run.split, &manifest.loss, &manifest.optimizer)?;
+        let resume_step = (epochs_done > 0).then_some(steps_done);
+        // Where to open: a resumed run where its edge checkpoint is (a run from before
+        // places were recorded: the first server, under the run's own name); a new run on
+        // the first server that answers.
+        let everywhere = |run_id: &str| -> Vec<EdgePlace> {
+            edges
+                .iter()
+                .map(|e| EdgePlace { address: e.address.clone(), run_id: run_id.to_string(), cut: None })
+                .collect()
         };
-        let resuming = request.resume_step.is_some();
-        let session = EdgeSession::open(&edge.address, edge.credentials.clone(), request).map_err(|e| match e {
-            DeviceError::Link(m) if resuming => DeviceError::Link(format!(
-                "{m} (resuming run {:?} at step {steps_done}, the step of {}: the edge must hold its checkpoint of that \
-                 step)",
-                run.run_id,
-                last_checkpoint.display()
-            )),
-            e => e,
-        })?;
+        let candidates: Vec<EdgePlace> = match (resume_step, recorded_place) {
+            // The server the checkpoint names, when it is one of those given.
+            (Some(_), Some(place)) if edges.iter().any(|e| e.address == place.address) => vec![place],
+            // Otherwise the run's edge checkpoints moved with their server: ask those given.
+            (Some(_), Some(place)) => everywhere(&place.run_id),
+            (Some(_), None) => everywhere(&run.run_id),
+            // No epoch done: both sides start from the initial state again, under a new
+            // name on the edge if an earlier start already used the run's own.
+            (None, _) if checkpoints.is_empty() => everywhere(&run.run_id),
+            (None, _) => everywhere(&format!("{}.r{:x}", run.run_id, crate::pipeline::now_us() / 1_000_000)),
+        };
+        let mut opened = None;
+        let (mut lost, mut refused) = (Vec::new(), Vec::new());
+        for place in candidates {
+            let credentials =
+                edges.iter().find(|e| e.address == place.address).unwrap_or(first_edge).credentials.clone();
+            let request = pb::OpenSessionRequest {
+                // The protocol wants a header on every message; an empty one asks for a
+                // new session id.
+                header: Some(pb::Header::default()),
+                run_id: place.run_id.clone(),
+                split: Some(split_request.clone()),
+                resume_step,
+            };
+            match EdgeSession::open(&place.address, credentials, request, options.edge_timeout) {
+                Ok(session) => {
+                    opened = Some((session, place));
+                    break;
+                }
+                Err(e @ DeviceError::EdgeLost { .. }) => lost.push(e.to_string()),
+                // A server that refuses to resume (it holds no checkpoint of the run at
+                // this step) may not be the one that does.
+                Err(DeviceError::Link(m)) if resume_step.is_some() => refused.push(format!("{}: {m}", place.address)),
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((session, place)) = opened else {
+            if !refused.is_empty() {
+                refused.extend(lost);
+                return Err(DeviceError::Link(format!(
+                    "cannot resume run {:?} at step {steps_done}, the step of {}: an edge server must hold its \
+                     checkpoint of that step ({})",
+                    run.run_id,
+                    last_checkpoint.display(),
+                    refused.join("; ")
+                )));
+            }
+            return Err(DeviceError::EdgeLost { address: "every edge server".into(), message: lost.join("; ") });
+        };
         let header = session.header();
         if header.step != steps_done {
             return Err(DeviceError::Mismatch {
                 field: "step",
                 expected: format!("{steps_done} (the device's checkpoint {})", last_checkpoint.display()),
-                got: format!("{} (where the edge's checkpoint of run {:?} stands)", header.step, run.run_id),
+                got: format!("{} (where the edge's checkpoint of run {:?} stands)", header.step, place.run_id),
             });
         }
         if checkpoints.is_empty() {
-            let info =
-                CheckpointInfo { format: FORMAT.into(), epoch: 0, step: 0, test_accuracy: None, controller: None };
+            let info = CheckpointInfo {
+                format: FORMAT.into(),
+                epoch: 0,
+                step: 0,
+                test_accuracy: None,
+                controller: Some(place.to_controller()),
+            };
             Checkpoint { info, state: device.state()? }.write(&last_checkpoint)?;
         }
         Ok(DeviceTrainer {
@@ -273,6 +416,12 @@ impl DeviceTrainer {
             device,
             session,
             header,
+            edges: edges.to_vec(),
+            place,
+            split_request,
+            moves: 0,
+            consistent: None,
+            pending: Vec::new(),
             epochs_done,
             steps_done,
             last_checkpoint,
@@ -369,7 +518,7 @@ impl DeviceTrainer {
                 epoch,
                 step: self.steps_done,
                 test_accuracy: Some(test_accuracy),
-                controller: None,
+                controller: Some(self.place.to_controller()),
             };
             Checkpoint { info, state: self.device.state()? }.write(&path)?;
             self.epochs_done = epoch;
@@ -428,12 +577,66 @@ impl DeviceTrainer {
         }
     }
 
-    /// One epoch of updates → (mean loss, accuracy, seconds, samples).
+    /// One epoch of updates → (mean loss, accuracy, seconds, samples). A lost edge server
+    /// is failed over from the last consistent copy of both sides: the updates since then
+    /// are done again, with the same batches, learning rates and seeds, so none is lost
+    /// and none applied twice.
     fn train_epoch(&mut self, epoch: usize, metrics: &mut MetricsLog) -> Result<(f64, f64, f64, usize)> {
+        for decision in std::mem::take(&mut self.pending) {
+            metrics.push_decision(decision)?;
+        }
+        let first_step = self.steps_done;
+        if self.consistent.as_ref().is_none_or(|c| c.step != first_step) {
+            self.sync()?;
+        }
+        let batches = batch_count(self.train_samples(), self.spec.recipe.batch);
+        let bar = progress_bar(
+            self.options.train.progress,
+            batches as u64,
+            &format!("epoch {epoch}/{}", self.spec.recipe.epochs),
+        );
+        let start = Instant::now();
+        let mut done: Vec<BatchResult> = Vec::new();
+        loop {
+            match self.epoch_from(epoch, first_step, batches, &mut done, metrics, &bar, start) {
+                Ok(()) => break,
+                Err(DeviceError::EdgeLost { address, message }) => {
+                    let redo_from = self.fail_over(epoch, &address, &message, metrics)?;
+                    done.truncate((redo_from - first_step) as usize);
+                    bar.set_position(done.len() as u64);
+                }
+                Err(e) => {
+                    bar.abandon();
+                    return Err(e);
+                }
+            }
+        }
+        bar.finish_and_clear();
+        let seconds = start.elapsed().as_secs_f64();
+        let seen: usize = done.iter().map(|b| b.samples).sum();
+        let loss: f64 = done.iter().map(|b| b.loss * b.samples as f64).sum();
+        let correct: f64 = done.iter().map(|b| b.correct).sum();
+        Ok((loss / seen.max(1) as f64, correct / seen.max(1) as f64, seconds, seen))
+    }
+
+    /// The epoch's updates from `self.steps_done` on, then a consistent copy of both sides
+    /// at its end.
+    #[allow(clippy::too_many_arguments)]
+    fn epoch_from(
+        &mut self,
+        epoch: usize,
+        first_step: u64,
+        batches: usize,
+        done: &mut Vec<BatchResult>,
+        metrics: &mut MetricsLog,
+        bar: &indicatif::ProgressBar,
+        start: Instant,
+    ) -> Result<()> {
         let recipe = self.spec.recipe.clone();
         let samples = subset(self.data.train.len(), recipe.train_limit, recipe.seed);
         let augmentation = recipe.augmentation()?;
         let images = matches!(*self.data.train, Samples::Images { .. });
+        let start_batch = (self.steps_done - first_step) as usize;
         let loader = Loader::spawn(
             Arc::clone(&self.data.train),
             epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect(),
@@ -443,19 +646,15 @@ impl DeviceTrainer {
                 seed: recipe.seed,
                 epoch: epoch as u64,
                 depth: self.options.train.prefetch.max(1),
-                start_batch: 0,
+                start_batch,
             },
         )
         .map_err(edgefreeze_train::TrainError::from)?;
-        let batches = loader.remaining();
-        let bar =
-            progress_bar(self.options.train.progress, batches as u64, &format!("epoch {epoch}/{}", recipe.epochs));
         let total = self.total_steps();
         let mode = self.mode();
         let mut link = self.session.stream();
-        let start = Instant::now();
-        let (mut loss_sum, mut correct_sum, mut seen) = (0.0, 0.0, 0usize);
         for (k, batch) in loader.enumerate() {
+            let index = start_batch + k;
             let lr = recipe.schedule.rate(self.steps_done, total, epoch - 1);
             let (input, labels) = batch_values(batch)?;
             let mut micro_batches = split_batch(&input, &labels, self.run.split.micro_batches)?;
@@ -472,11 +671,10 @@ impl DeviceTrainer {
                 lr,
                 mode,
                 frozen_device: self.run.split.freeze_device,
-                checkpoint: k + 1 == batches,
+                checkpoint: index + 1 == batches,
             };
             let report = run_step(&mut self.device, &mut link, &micro_batches, &settings)?;
             if !report.loss.is_finite() {
-                bar.abandon();
                 return Err(DeviceError::Diverged { step: self.steps_done + 1, epoch, loss: report.loss });
             }
             self.steps_done += 1;
@@ -484,9 +682,8 @@ impl DeviceTrainer {
                 self.schedule.push(report.times.clone());
                 write_json(&self.dir.join(SCHEDULE_FILE), &self.schedule)?;
             }
-            loss_sum += report.loss * report.samples as f64;
-            correct_sum += report.correct;
-            seen += report.samples;
+            done.push(BatchResult { loss: report.loss, correct: report.correct, samples: report.samples });
+            let seen: usize = done.iter().map(|b| b.samples).sum();
             let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
             if self.steps_done.is_multiple_of(recipe.log_every.max(1)) {
                 metrics.push(Record::Step {
@@ -499,22 +696,239 @@ impl DeviceTrainer {
                 })?;
             }
             bar.inc(1);
+            let loss: f64 = done.iter().map(|b| b.loss * b.samples as f64).sum();
+            let correct: f64 = done.iter().map(|b| b.correct).sum();
             bar.set_message(format!(
                 "loss {:.4} acc {:.2}% {rate:.0} samples/s lr {lr:.4}",
-                loss_sum / seen as f64,
-                100.0 * correct_sum / seen as f64
+                loss / seen as f64,
+                100.0 * correct / seen as f64
             ));
+            if let Some(hook) = &self.options.after_update {
+                (hook.0)(self.steps_done);
+            }
+            let every = self.options.sync_every;
+            if every > 0 && self.steps_done.is_multiple_of(every) && index + 1 < batches {
+                self.sync()?;
+            }
         }
-        bar.finish_and_clear();
         if link.edge_checkpoint_missed() && !self.warned_no_edge_checkpoint {
             self.warned_no_edge_checkpoint = true;
-            eprintln!(
-                "warning: the edge server keeps no checkpoints (it was started without --state-dir): this run \
-                 trains on, but --resume cannot continue it there"
-            );
+            let line = "warning: the edge server keeps no checkpoints (it was started without --state-dir): this run \
+                        trains on, but --resume cannot continue it there";
+            bar.println(line);
         }
-        let seconds = start.elapsed().as_secs_f64();
-        Ok((loss_sum / seen.max(1) as f64, correct_sum / seen.max(1) as f64, seconds, seen))
+        drop(link);
+        self.sync()
+    }
+
+    /// Takes a consistent copy of both sides at the current step (between steps): the
+    /// device's state, and the edge's, fetched.
+    fn sync(&mut self) -> Result<()> {
+        let edge = self.session.fetch_state(&Self::between_steps(&self.header, self.steps_done))?;
+        self.consistent = Some(Consistent { step: self.steps_done, device: self.device.state()?, edge });
+        Ok(())
+    }
+
+    /// Opens a session for this run on `edge` under a new name and moves the edge side
+    /// there at `step` with `state` → (session, header, place).
+    fn open_elsewhere(
+        &mut self,
+        edge: &EdgeAddress,
+        split: &pb::SplitRequest,
+        step: u64,
+        state: &[(String, Value)],
+    ) -> Result<(EdgeSession, pb::Header, EdgePlace)> {
+        self.moves += 1;
+        let place = EdgePlace {
+            address: edge.address.clone(),
+            run_id: format!("{}.{}", self.run.run_id, self.moves),
+            cut: Some(split.cut_after_layer as usize),
+        };
+        let request = pb::OpenSessionRequest {
+            header: Some(pb::Header::default()),
+            run_id: place.run_id.clone(),
+            split: Some(split.clone()),
+            resume_step: None,
+        };
+        let session = EdgeSession::open(&edge.address, edge.credentials.clone(), request, self.options.edge_timeout)?;
+        let opened = session.header();
+        let header = session.put_state(&Self::between_steps(&opened, step), state)?;
+        if header.step != step {
+            return Err(DeviceError::Mismatch {
+                field: "step",
+                expected: step.to_string(),
+                got: format!("{} (after moving the edge state to {})", header.step, edge.address),
+            });
+        }
+        Ok((session, header, place))
+    }
+
+    /// Continues the run on another server (or the lost one, back at its address) from
+    /// the last consistent copy of both sides → the step training continues from.
+    fn fail_over(&mut self, epoch: usize, address: &str, message: &str, metrics: &mut MetricsLog) -> Result<u64> {
+        let Some(consistent) = self.consistent.take() else {
+            return Err(DeviceError::EdgeLost { address: address.into(), message: message.into() });
+        };
+        let lost_step = self.steps_done;
+        // The others first: a server that vanished is usually gone; the lost one last, in
+        // case it is restarting at the same address.
+        let mut order: Vec<EdgeAddress> = self.edges.iter().filter(|e| e.address != address).cloned().collect();
+        order.extend(self.edges.iter().filter(|e| e.address == address).cloned());
+        let deadline = Instant::now() + self.options.failover_wait;
+        let mut refusals = Vec::new();
+        let moved = 'search: loop {
+            for edge in &order {
+                let split = self.split_request.clone();
+                match self.open_elsewhere(edge, &split, consistent.step, &consistent.edge) {
+                    Ok(moved) => break 'search moved,
+                    Err(e @ DeviceError::EdgeLost { .. }) => refusals.push(e.to_string()),
+                    Err(e) => {
+                        self.consistent = Some(consistent);
+                        return Err(e);
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                refusals.dedup();
+                return Err(DeviceError::EdgeLost {
+                    address: address.into(),
+                    message: format!(
+                        "{message}; no edge server took the run over in {:.0} s ({}); the device's last checkpoint \
+                         is {}",
+                        self.options.failover_wait.as_secs_f64(),
+                        refusals.join("; "),
+                        self.last_checkpoint.display()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        let (session, header, place) = moved;
+        self.device.restore(&consistent.device)?;
+        self.steps_done = consistent.step;
+        let reason = format!(
+            "the edge at {address} was lost at update {lost_step} ({message}); continuing on {} as run {:?} from \
+             update {}, the last consistent copy of both sides ({} updates done again)",
+            place.address,
+            place.run_id,
+            consistent.step,
+            lost_step - consistent.step
+        );
+        if self.options.train.progress {
+            eprintln!("{reason}");
+        }
+        metrics.push_decision(Decision {
+            epoch,
+            step: consistent.step,
+            kind: DecisionKind::Failover,
+            layer: Some(self.run.split.cut),
+            depth: if self.run.split.freeze_device { self.run.split.cut + 1 } else { 0 },
+            history: Vec::new(),
+            reason,
+        })?;
+        self.session = session;
+        self.header = header;
+        self.place = place;
+        self.consistent = Some(consistent);
+        Ok(self.steps_done)
+    }
+
+    /// Moves the edge side to `edges[to]` between steps (the old server is alive: its
+    /// state is fetched, put on the new one, and its session closed), logging `reason`.
+    pub fn migrate(&mut self, to: usize, reason: &str) -> Result<()> {
+        self.move_edge(to, None, reason)
+    }
+
+    /// Moves the cut to after layer `cut` between steps, with the edge side on `edges[to]`:
+    /// both sides get the graphs of the new split, and the state of the layers that change
+    /// sides goes with them (the device's to the edge, or the edge's, fetched, to the
+    /// device). Training goes on from the same step with the same batches.
+    pub fn recut(&mut self, cut: usize, to: usize, reason: &str) -> Result<()> {
+        self.move_edge(to, Some(cut), reason)
+    }
+
+    fn move_edge(&mut self, to: usize, cut: Option<usize>, reason: &str) -> Result<()> {
+        let edge = self
+            .edges
+            .get(to)
+            .cloned()
+            .ok_or_else(|| DeviceError::Config(format!("no edge server {to}: the run has {}", self.edges.len())))?;
+        self.sync()?;
+        let consistent = self.consistent.take().expect("sync made a consistent copy");
+        let step = consistent.step;
+        let old_cut = self.run.split.cut;
+        let new_cut = cut.unwrap_or(old_cut);
+        // The whole model's state, by name: each side takes its own from it.
+        let whole: Vec<(String, Value)> = consistent.device.iter().chain(&consistent.edge).cloned().collect();
+        let mut split = self.split_request.clone();
+        let mut device = None;
+        let edge_state = if new_cut == old_cut {
+            consistent.edge.clone()
+        } else {
+            split.cut_after_layer = u32::try_from(new_cut).map_err(|_| DeviceError::Config("cut too large".into()))?;
+            let settings = SplitSettings { cut: new_cut, ..self.run.split.clone() };
+            let graphs = self.device_graphs_at(&settings, &whole)?;
+            let on_device: Vec<String> = graphs.state.iter().map(|(n, _)| n.clone()).collect();
+            device = Some((settings, graphs));
+            whole.iter().filter(|(n, _)| !on_device.contains(n)).cloned().collect()
+        };
+        let moved = self.open_elsewhere(&edge, &split, step, &edge_state);
+        self.consistent = Some(consistent);
+        let (session, header, place) = moved?;
+        if let Some((settings, graphs)) = device {
+            self.device =
+                GraphDevice::new(graphs, &self.input, &self.options.train.engine, &self.options.train.engine_options)?;
+            self.run.split = settings;
+            self.split_request = split;
+            // The copy was of the old split; the next sync takes one of the new.
+            self.consistent = None;
+        }
+        let old = std::mem::replace(&mut self.session, session);
+        // The old server keeps nothing of the run's future; its checkpoints stay.
+        let _ = old.close(&Self::between_steps(&self.header, step));
+        let what = if new_cut == old_cut {
+            format!("migrated the edge side from {} to {}", self.place.address, place.address)
+        } else {
+            format!(
+                "moved the cut from after layer {old_cut} to after layer {new_cut}, the edge side from {} to {}",
+                self.place.address, place.address
+            )
+        };
+        let line = format!("{what} at update {step}: {reason}");
+        self.header = header;
+        self.place = place;
+        self.pending.push(Decision {
+            epoch: self.epochs_done + 1,
+            step,
+            kind: DecisionKind::Migrate,
+            layer: Some(new_cut),
+            depth: if self.run.split.freeze_device { new_cut + 1 } else { 0 },
+            history: Vec::new(),
+            reason: line.clone(),
+        });
+        if self.options.train.progress {
+            eprintln!("{line}");
+        }
+        Ok(())
+    }
+
+    /// The device's graphs for `settings`, with the state taken from `whole` by name.
+    fn device_graphs_at(&self, settings: &SplitSettings, whole: &[(String, Value)]) -> Result<DeviceGraphs> {
+        let graphs_dir = self.dir.join(GRAPHS_DIR);
+        let manifest = read_manifest(&graphs_dir)?;
+        let model = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
+        let mut graphs = device_graphs(&model, settings, &manifest.loss, &manifest.optimizer)?;
+        for (name, value) in &mut graphs.state {
+            *value = whole.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or_else(|| {
+                DeviceError::Config(format!("the run's state has no tensor {name:?} for the new cut"))
+            })?;
+        }
+        Ok(graphs)
+    }
+
+    /// Where the edge side lives now.
+    pub fn edge_place(&self) -> &EdgePlace {
+        &self.place
     }
 
     /// Mean loss and accuracy on the test split with the whole model: the device's state
@@ -527,7 +941,12 @@ impl DeviceTrainer {
         let mut workspace =
             edgefreeze_engine::workspace(&self.options.train.engine, &self.options.train.engine_options)?;
         let graph = workspace.load_graph(&eval, StateUpdates::none())?;
-        for (name, value) in self.device.state()?.into_iter().chain(self.edge_state()?) {
+        // The copy taken at the epoch's end: the edge's state at the device's step.
+        let edge = match &self.consistent {
+            Some(c) if c.step == self.steps_done => c.edge.clone(),
+            _ => self.edge_state()?,
+        };
+        for (name, value) in self.device.state()?.into_iter().chain(edge) {
             workspace.set_state(&name, value)?;
         }
         let recipe = &self.spec.recipe;

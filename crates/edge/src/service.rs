@@ -39,7 +39,13 @@ impl Core {
     pub fn new(config: EdgeConfig, tokens: TokenTable) -> Core {
         let log = config.log.clone();
         let registry = Registry::new(config.max_sessions);
-        Core { config, tokens, registry, log, versions: AtomicU64::new(0) }
+        // Model versions start from the clock (µs since the Unix epoch), so a server
+        // restarted at the same address never hands out a version of its previous life:
+        // a device's stale message from before the restart is refused by its version.
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2));
+        Core { config, tokens, registry, log, versions: AtomicU64::new(start) }
     }
 
     /// The authenticated device of a call, or `Unauthenticated` (logged).

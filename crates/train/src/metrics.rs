@@ -71,6 +71,11 @@ pub enum DecisionKind {
     CacheOff,
     /// A plasticity value was taken into a layer's history (`history` holds it).
     Plasticity,
+    /// Device–edge training: the edge server was lost and the run continues on another
+    /// (or the same, restarted) server from its last consistent step.
+    Failover,
+    /// Device–edge training: the edge side moved to another server between steps.
+    Migrate,
 }
 
 /// A controller's decision, as logged.

@@ -149,6 +149,8 @@ impl Observer for Progress {
             DecisionKind::RebuildReference => "rebuilt the reference model".into(),
             DecisionKind::CacheOn => "caching activations".into(),
             DecisionKind::CacheOff => "not caching activations".into(),
+            DecisionKind::Failover => "edge server lost, failed over".into(),
+            DecisionKind::Migrate => "edge side migrated".into(),
         };
         let line = format!("update {}: {what} (frozen layers: {}): {}", d.step, d.depth, d.reason);
         match &self.bar {
