@@ -60,6 +60,9 @@ pub struct PlanArgs {
     /// Seconds after which the probe measures nothing new.
     #[arg(long, default_value_t = 120.0)]
     pub budget: f64,
+    /// Seconds an edge server may take to answer a call before it is skipped.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
     /// Cost model: the share of the round trip one crossing takes.
     #[arg(long, default_value_t = CostModel::default().latency_share)]
     pub latency_share: f64,
@@ -87,6 +90,9 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     if !(args.budget.is_finite() && args.budget > 0.0) {
         bail!("--budget must be a positive number of seconds");
     }
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        bail!("--timeout must be a positive number of seconds");
+    }
     if args.max_in_flight == Some(0) {
         bail!("--max-in-flight must be at least 1");
     }
@@ -104,6 +110,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         reps: args.reps,
         link_reps: args.link_reps,
         budget: Duration::from_secs_f64(args.budget),
+        timeout: Duration::from_secs_f64(args.timeout),
         apply_bytes_per_s: args.apply_rate,
         ..ProbeSettings::new(args.batch)
     };

@@ -29,6 +29,8 @@ pub struct EdgeProbe<'a> {
     pub run_id: String,
     /// Seconds of edge update per byte of session state (the probe does not update).
     pub apply_s_per_byte: f64,
+    /// A server that does not answer a call or a micro-batch within this long is lost.
+    pub timeout: std::time::Duration,
 }
 
 /// What the edge said at one cut.
@@ -62,7 +64,7 @@ pub fn time_cut(
         split: Some(split_request(probe.model.to_vec(), &split, probe.loss, probe.optimizer).map_err(fail)?),
         resume_step: None,
     };
-    let session = EdgeSession::open(probe.address, probe.credentials.clone(), request).map_err(fail)?;
+    let session = EdgeSession::open(probe.address, probe.credentials.clone(), request, probe.timeout).map_err(fail)?;
     let header = session.header();
     let state_bytes = session.opened.state_bytes;
     let result = (|| -> edgefreeze_device::Result<Vec<Vec<f64>>> {

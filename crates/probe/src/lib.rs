@@ -68,6 +68,8 @@ pub struct ProbeSettings {
     pub budget: Duration,
     /// Link payloads are capped at this many bytes.
     pub max_payload_bytes: u64,
+    /// A server that does not answer a call or a micro-batch within this long is skipped.
+    pub timeout: Duration,
     /// Edge update speed, bytes of session state per second; `None`: the device's own
     /// (measured at the deepest trained cut), or [`DEFAULT_APPLY_BYTES_PER_S`] when the
     /// device trains at no cut.
@@ -79,7 +81,8 @@ pub const DEFAULT_APPLY_BYTES_PER_S: f64 = 1e9;
 
 impl ProbeSettings {
     /// Defaults: M ∈ {1, 2, 4, 8, 16} (those the batch allows), every cut, nothing frozen,
-    /// cross-entropy and SGD, tract, 3 repetitions (5 for links), 120 s, 16 MiB payloads.
+    /// cross-entropy and SGD, tract, 3 repetitions (5 for links), 120 s, 16 MiB payloads,
+    /// 30 s per call.
     pub fn new(batch: usize) -> ProbeSettings {
         ProbeSettings {
             batch,
@@ -94,6 +97,7 @@ impl ProbeSettings {
             link_reps: 5,
             budget: Duration::from_secs(120),
             max_payload_bytes: 16 << 20,
+            timeout: Duration::from_secs(30),
             apply_bytes_per_s: None,
         }
     }
@@ -238,10 +242,23 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
     for t in targets {
         let measured = runtime.block_on(async {
             let limits = edgefreeze_wire::Limits::default();
-            let mut client = edgefreeze_wire::connect(&t.address, t.credentials.clone(), &limits)
+            let lost = |message: String| ProbeError::Edge { address: t.address.clone(), message };
+            let late = |what: &str| lost(format!("no answer to {what} in {:.1} s", settings.timeout.as_secs_f64()));
+            let connect = edgefreeze_wire::connect(&t.address, t.credentials.clone(), &limits);
+            let mut client = tokio::time::timeout(settings.timeout, connect)
                 .await
-                .map_err(|e| ProbeError::Edge { address: t.address.clone(), message: e.to_string() })?;
-            link::probe_link(&mut client, &t.address, &up_sizes, &down_sizes, settings.link_reps, deadline).await
+                .map_err(|_| late("the connection"))?
+                .map_err(|e| lost(e.to_string()))?;
+            link::probe_link(
+                &mut client,
+                &t.address,
+                &up_sizes,
+                &down_sizes,
+                settings.link_reps,
+                deadline,
+                settings.timeout,
+            )
+            .await
         });
         match measured {
             Ok(probe) => {
@@ -282,6 +299,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
                 optimizer: &settings.optimizer,
                 run_id: format!("probe-{stamp:x}-{}", c.cut),
                 apply_s_per_byte,
+                timeout: settings.timeout,
             };
             let batches: Vec<(usize, Value, Value)> = c
                 .activations

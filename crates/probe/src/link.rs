@@ -49,7 +49,8 @@ pub struct LinkProbe {
 /// Times up to `reps` calls of each size (an empty one, each up size, each down size,
 /// after one untimed empty call: the connection's first use pays for its setup) and
 /// derives the link. Stops early at `deadline` (after the empty call and one size each
-/// way); a size the server's message limit refuses is left out and listed.
+/// way); a size the server's message limit refuses is left out and listed; a call not
+/// answered within `timeout` fails the probe of this link.
 pub async fn probe_link(
     client: &mut EdgeClient,
     address: &str,
@@ -57,6 +58,7 @@ pub async fn probe_link(
     down_sizes: &[u64],
     reps: usize,
     deadline: Instant,
+    timeout: Duration,
 ) -> Result<LinkProbe> {
     let fail = |message: String| ProbeError::Edge { address: address.to_string(), message };
     let mut calls = 0u32;
@@ -69,12 +71,16 @@ pub async fn probe_link(
             reply_bytes: down,
         };
         let start = Instant::now();
-        let answer = match client.probe(request).await {
-            Ok(answer) => answer.into_inner(),
-            Err(s) if (up, down) != (0, 0) && matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted) => {
+        let answer = match tokio::time::timeout(timeout, client.probe(request)).await {
+            Err(_) => {
+                let t = timeout.as_secs_f64();
+                return Err(fail(format!("no answer to a probe of {up} bytes up, {down} down in {t:.1} s")));
+            }
+            Ok(Ok(answer)) => answer.into_inner(),
+            Ok(Err(s)) if (up, down) != (0, 0) && matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted) => {
                 return Ok(None);
             }
-            Err(s) => {
+            Ok(Err(s)) => {
                 return Err(fail(format!("probe of {up} bytes up, {down} down: {:?}: {}", s.code(), s.message())));
             }
         };

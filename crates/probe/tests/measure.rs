@@ -145,3 +145,23 @@ fn payloads_over_the_servers_message_limit_are_left_out_and_listed() {
     assert!(report.measurements.servers[0].at(1).is_some(), "{:?}", report.skipped);
     runtime.block_on(server.shutdown()).unwrap();
 }
+
+#[test]
+fn a_server_that_never_answers_is_skipped_after_the_timeout() {
+    let (address, runtime, server) = edge_server();
+    // Accepts connections and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_address = silent.local_addr().unwrap().to_string();
+    let held = std::thread::spawn(move || silent.incoming().take(4).filter_map(Result::ok).collect::<Vec<_>>());
+    let s = ProbeSettings { timeout: Duration::from_millis(500), ..settings() };
+    let report = probe(&model(), &[target(silent_address.clone()), target(address.clone())], &s).unwrap();
+    assert!(
+        report.skipped.iter().any(|s| s.starts_with(&silent_address) && s.contains("no answer")),
+        "{:?}",
+        report.skipped
+    );
+    assert_eq!(report.measurements.servers.len(), 1);
+    assert_eq!(report.measurements.servers[0].name, address);
+    drop(held);
+    runtime.block_on(server.shutdown()).unwrap();
+}
