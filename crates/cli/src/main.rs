@@ -6,6 +6,7 @@ mod device;
 mod edge;
 mod export;
 mod inspect;
+mod plan;
 mod train;
 
 use anyhow::Result;
@@ -35,6 +36,9 @@ enum Command {
     /// Train a split model's device side on this device's data, with an edge server
     /// training the rest.
     Device(Box<device::DeviceArgs>),
+    /// Probe the device and edge servers and plan a split: predicted step time of every
+    /// (server, cut, micro-batch count), and the choice.
+    Plan(Box<plan::PlanArgs>),
     /// Measure training throughput of the engines (and PyTorch eager) and write a results file.
     Bench(bench::BenchArgs),
 }
@@ -49,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Edge(args) => edge::run(&args),
         Command::Device(args) => device::run(&args),
+        Command::Plan(args) => plan::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -25,6 +25,10 @@
 //!   stale model version, a wrong step or an out-of-order micro-batch is refused with
 //!   `InvalidArgument` or `FailedPrecondition` and a log line, before anything runs: the
 //!   session stays as it was and other sessions never notice.
+//! - **Probe**: a call without a session that takes a payload up and answers with as
+//!   many bytes as asked (at most the message limit less 1 KiB) and its two timestamps,
+//!   for the device to measure the link before it plans (`edgefreeze plan`); the same
+//!   authentication as every call.
 //! - **Checkpoints**: with a state folder, each run's edge state is written at open and
 //!   whenever `ApplyUpdate` asks, so a device resuming at step s continues the edge at
 //!   step s too (a step without a checkpoint, or another split, is refused).
@@ -164,7 +168,9 @@ impl EdgeServer {
             }
         });
 
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        // Without TCP_NODELAY a small reply (a loss, a probe answer) waits for the ACK
+        // of the previous segment, which the device delays by up to 40 ms.
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let log = core.log.clone();
         log.line(format!("listening on {address}"));
         let task = tokio::spawn(async move {

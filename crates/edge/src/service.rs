@@ -9,7 +9,8 @@ use edgefreeze_wire::auth::{self, Credentials, TokenTable};
 use edgefreeze_wire::pb::edge_server::Edge;
 use edgefreeze_wire::pb::{
     ApplyUpdateRequest, ApplyUpdateResponse, CloseSessionRequest, CloseSessionResponse, EdgeState, FetchStateRequest,
-    Header, MicroBatchDown, MicroBatchUp, OpenSessionRequest, OpenSessionResponse, PutStateRequest, PutStateResponse,
+    Header, MicroBatchDown, MicroBatchUp, OpenSessionRequest, OpenSessionResponse, ProbeRequest, ProbeResponse,
+    PutStateRequest, PutStateResponse,
 };
 use edgefreeze_wire::{header, unix_nanos_now};
 use std::pin::Pin;
@@ -21,6 +22,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 /// Commands a session may have queued: a full pipeline of micro-batches and then some.
 const QUEUE: usize = 64;
+
+/// Room a probe answer needs besides its payload (header, timestamps, framing).
+pub(crate) const PROBE_ANSWER_OVERHEAD: u64 = 1 << 10;
 
 /// What every call of one server shares.
 pub(crate) struct Core {
@@ -240,6 +244,32 @@ impl Edge for EdgeService {
         self.core.log.line(format!("session {} of device {device}: closed at step {step}", entry.info.id));
         Ok(Response::new(CloseSessionResponse {
             header: Some(Header::new(&entry.info.id, step, 0, entry.info.model_version)),
+        }))
+    }
+
+    async fn probe(&self, request: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        let received = unix_nanos_now();
+        let device = self.core.authenticate(request.metadata(), "probe")?;
+        let request = request.into_inner();
+        let header = header::required(request.header.as_ref(), "ProbeRequest")?.clone();
+        // The request's own size is bounded by the server's decoding limit already.
+        let limit = (self.core.config.limits.max_message_bytes as u64).saturating_sub(PROBE_ANSWER_OVERHEAD);
+        if request.reply_bytes > limit {
+            self.core.log.line(format!(
+                "probe of device {device}: refused a reply of {} bytes (limit {limit})",
+                request.reply_bytes
+            ));
+            return Err(Status::out_of_range(format!(
+                "ProbeRequest.reply_bytes is {}: this server answers with at most {limit} bytes \
+                 (its message limit less {PROBE_ANSWER_OVERHEAD} bytes)",
+                request.reply_bytes
+            )));
+        }
+        Ok(Response::new(ProbeResponse {
+            header: Some(header),
+            payload: vec![0; request.reply_bytes as usize],
+            received_unix_nanos: received,
+            sent_unix_nanos: unix_nanos_now(),
         }))
     }
 }

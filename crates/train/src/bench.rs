@@ -124,8 +124,9 @@ pub fn bench_training(
 }
 
 /// Random inputs of the model's input type (token ids below the embedding size for
-/// integer inputs) and random labels below the number of classes.
-fn synthetic_batch(model: &edgefreeze_graph::Model, batch: usize) -> Result<(Value, Value)> {
+/// integer inputs) and random labels below the number of classes, deterministic (for
+/// benchmarks and probes, whose times do not depend on the values).
+pub fn synthetic_batch(model: &edgefreeze_graph::Model, batch: usize) -> Result<(Value, Value)> {
     let input = &model.graph.inputs[0];
     let shape =
         input.shape.as_ref().ok_or_else(|| TrainError::Config(format!("input {:?} has no shape", input.name)))?;

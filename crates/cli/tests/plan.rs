@@ -1,0 +1,120 @@
+//! `edgefreeze plan` against a real `edgefreeze edge serve` process on loopback.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+const TOKEN: &str = "plan-test-token-0123456789abcdef";
+
+/// An edge server process on 127.0.0.1:0; its address is the first line it prints.
+struct Edge {
+    child: Child,
+    address: String,
+}
+
+impl Edge {
+    fn start(dir: &std::path::Path) -> Edge {
+        let tokens = dir.join("tokens.txt");
+        std::fs::write(&tokens, format!("phone-1 {TOKEN}\n")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+            .args(["edge", "serve", "--listen", "127.0.0.1:0", "--threads", "1", "--tokens"])
+            .arg(&tokens)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let address = line.trim().rsplit(' ').next().unwrap().to_string();
+        assert!(line.starts_with("edge server listening on 127.0.0.1:"), "{line:?}");
+        Edge { child, address }
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn plan(edge: &str, token: &str, json: bool) -> std::process::Output {
+    let model = model("mlp.onnx");
+    let mut args = vec![
+        "plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--edge",
+        edge,
+        "--device-id",
+        "phone-1",
+        "--token",
+        token,
+        "--batch",
+        "8",
+        "--micro-batches",
+        "1,2",
+        "--reps",
+        "1",
+        "--link-reps",
+        "1",
+        "--threads",
+        "1",
+    ];
+    if json {
+        args.push("--json");
+    }
+    edgefreeze(&args)
+}
+
+#[test]
+fn plan_prints_every_server_cut_and_micro_batch_count_and_the_choice() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = Edge::start(dir.path());
+    let out = plan(&edge.address, TOKEN, true);
+    assert!(out.status.success(), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidates = json["plan"]["candidates"].as_array().unwrap();
+    // The MLP has cuts after layers 0 and 1; one server; M = 1 and 2.
+    let mut keys: Vec<(u64, u64)> = candidates
+        .iter()
+        .map(|c| (c["candidate"]["cut"].as_u64().unwrap(), c["candidate"]["micro_batches"].as_u64().unwrap()))
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, [(0, 1), (0, 2), (1, 1), (1, 2)]);
+    assert!(candidates.iter().all(|c| c["server"] == edge.address.as_str()));
+    let steps: Vec<f64> = candidates.iter().map(|c| c["step_s"].as_f64().unwrap()).collect();
+    assert!(steps.iter().all(|&s| s > 0.0 && s.is_finite()), "{steps:?}");
+    let choice = json["plan"]["choice"].as_u64().unwrap() as usize;
+    assert!(steps.iter().all(|&s| steps[choice] <= s), "the choice is the fastest: {steps:?}, {choice}");
+    assert_eq!(json["choice"], candidates[choice]);
+    assert!(json["probe"]["elapsed_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["probe"]["measurements"]["servers"][0]["cuts"].as_array().unwrap().len(), 2);
+
+    let out = plan(&edge.address, TOKEN, false);
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("probed 1 server(s) at 2 cut(s), micro-batches of [4, 8] samples, in "), "{table}");
+    assert!(table.contains(&format!("link to {}: round trip ", edge.address)), "{table}");
+    assert_eq!(table.matches("<- choice").count(), 1, "{table}");
+    assert_eq!(table.lines().filter(|l| l.starts_with(&edge.address)).count(), 4, "{table}");
+    assert!(table.lines().last().unwrap().starts_with(&format!("choice: server {}, cut ", edge.address)), "{table}");
+}
+
+#[test]
+fn plan_without_a_reachable_server_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = Edge::start(dir.path());
+    let out = plan(&edge.address, "wrong-token-0123456789abcdef", true);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no edge server could be probed at any cut"), "{stderr}");
+    assert!(stderr.contains("Unauthenticated"), "{stderr}");
+    // Nothing listens on port 1.
+    let out = plan("127.0.0.1:1", TOKEN, false);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no edge server could be probed at any cut: 127.0.0.1:1: "), "{stderr}");
+}

@@ -1,0 +1,293 @@
+//! The cost model: the predicted time of one training step of pipelined device–edge
+//! split training, from [`Measurements`].
+//!
+//! A step of a batch of N samples is M micro-batches of n = N/M samples. For a cut k
+//! (device layers 0..=k) and an edge server s, one micro-batch costs
+//!
+//! | stage | time | resource it occupies |
+//! |---|---|---|
+//! | device forward | f = c_f + n·Σ_{i≤k} F_i | the device |
+//! | uplink | u = (n·(act_k + label) + h)/BW_up | the uplink |
+//! | edge step | e = E_{s,k}(n) | the edge |
+//! | downlink | d = (n·act_k + h)/BW_down (h alone when the device is frozen) | the downlink |
+//! | device backward | b = c_b + n·Σ_{i≤k} B_i (0 when the device is frozen) | the device |
+//!
+//! plus a latency of `latency_share`·RTT on each of the two crossings, which delays a
+//! micro-batch but occupies nothing (the link carries several messages at once).
+//! One micro-batch end to end takes the cycle C = f + u + e + d + b + 2·share·RTT, and in
+//! steady state one finishes every period P = max(f + b, u, e, d), the busiest resource.
+//! The prediction follows the pipeline's own schedule (`schedule` below): the device
+//! runs a forward whenever fewer than W micro-batches are in flight (W = M unless
+//! limited), and otherwise waits for the oldest reply and runs its backward; the links
+//! and the edge serve micro-batches one at a time, in order. That gives the time D until
+//! the device's last backward; the step ends with the device's update and the edge's,
+//! which the device asks for with one more round trip:
+//!
+//! T = D + A_dev + RTT + A_edge.
+//!
+//! When the edge or a link is the bottleneck, D = C + (M − 1)·P (PAPERS.md's "their sum
+//! plus (M−1) periods"); when the device is, its forwards go first and D is nearer
+//! M·(f + b) plus what of the last round trip its backwards cannot hide. Sequential
+//! split learning is W = 1, so D = M·C; with M = 1 every mode is the sum of the stages.
+//! A frozen device side (every device layer inside the frozen prefix) has no backward,
+//! no gradient download (the reply still comes: loss and timestamps, `h` bytes) and no
+//! device update.
+//!
+//! This refines PAPERS.md's model: the round-trip time is latency, counted per crossing
+//! and not in every period; the device's forward and backward share one resource; and
+//! the schedule is the device's (forwards first, a window), which the closed form
+//! overestimates when the device is the bottleneck and replies are slow to come.
+
+use crate::error::{PlanError, Result, non_negative};
+use crate::measure::{Measurements, ServerTimes};
+use serde::{Deserialize, Serialize};
+
+/// The constants of the cost model; every one a default the user may change.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// The share of the round-trip time one crossing takes (0.5: a symmetric path).
+    pub latency_share: f64,
+    /// Bytes each micro-batch message carries besides its tensors, each way (header,
+    /// loss, timestamps, gRPC and HTTP/2 framing).
+    pub message_bytes: u64,
+}
+
+impl Default for CostModel {
+    fn default() -> CostModel {
+        CostModel { latency_share: 0.5, message_bytes: 128 }
+    }
+}
+
+/// How many micro-batches may be in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "mode", content = "max_in_flight")]
+pub enum Mode {
+    /// Pipelined, with at most this many micro-batches in flight (`None`: all of them).
+    Pipelined(Option<usize>),
+    /// Sequential split learning: one in flight.
+    Sequential,
+}
+
+impl Mode {
+    /// The window W for M micro-batches.
+    pub fn window(self, micro_batches: usize) -> usize {
+        match self {
+            Mode::Pipelined(None) => micro_batches,
+            Mode::Pipelined(Some(w)) => w.clamp(1, micro_batches.max(1)),
+            Mode::Sequential => 1,
+        }
+    }
+}
+
+/// The training a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Samples per step.
+    pub batch: usize,
+    /// Layers [0, frozen_layers) are frozen. A cut inside the prefix (every device
+    /// layer frozen) makes a frozen device side; a cut behind it trains the whole
+    /// device side (the split freezes all of the device's layers or none).
+    pub frozen_layers: usize,
+}
+
+/// One (server, cut, M, mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Index into [`Measurements::servers`].
+    pub server: usize,
+    /// The cut: after this layer.
+    pub cut: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Pipelined or sequential.
+    pub mode: Mode,
+}
+
+/// A resource of the pipeline (what sets the period).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resource {
+    /// The device's compute (forward and backward).
+    Device,
+    /// Device → edge.
+    Uplink,
+    /// The edge's compute.
+    Edge,
+    /// Edge → device.
+    Downlink,
+    /// The in-flight window: at most W micro-batches per cycle.
+    Window,
+}
+
+impl Resource {
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Device => "device",
+            Resource::Uplink => "uplink",
+            Resource::Edge => "edge",
+            Resource::Downlink => "downlink",
+            Resource::Window => "window",
+        }
+    }
+}
+
+/// Seconds of each stage of one micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stages {
+    /// Device forward.
+    pub device_forward_s: f64,
+    /// Uplink occupancy.
+    pub up_s: f64,
+    /// Edge step.
+    pub edge_s: f64,
+    /// Downlink occupancy.
+    pub down_s: f64,
+    /// Device backward.
+    pub device_backward_s: f64,
+    /// Latency of one crossing.
+    pub latency_s: f64,
+}
+
+impl Stages {
+    /// The cycle: one micro-batch end to end.
+    pub fn cycle_s(&self) -> f64 {
+        self.device_forward_s + self.up_s + self.edge_s + self.down_s + self.device_backward_s + 2.0 * self.latency_s
+    }
+}
+
+/// The predicted time of one step of a candidate, with its parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// What it predicts.
+    pub candidate: Candidate,
+    /// The server's name.
+    pub server: String,
+    /// Whether every device layer is frozen at this cut.
+    pub frozen_device: bool,
+    /// Samples per micro-batch (N/M).
+    pub samples_per_micro_batch: f64,
+    /// Bytes up per micro-batch.
+    pub up_bytes: f64,
+    /// Bytes down per micro-batch.
+    pub down_bytes: f64,
+    /// The stages of one micro-batch.
+    pub stages: Stages,
+    /// One micro-batch end to end.
+    pub cycle_s: f64,
+    /// The steady-state period: the busiest resource's time per micro-batch.
+    pub period_s: f64,
+    /// What sets the step's pace: the busiest resource, or the window.
+    pub bottleneck: Resource,
+    /// The device's update.
+    pub device_apply_s: f64,
+    /// The edge's update, with the round trip that asks for it.
+    pub edge_apply_s: f64,
+    /// The step.
+    pub step_s: f64,
+}
+
+impl CostModel {
+    /// Checks the constants.
+    pub fn validate(&self) -> Result<()> {
+        non_negative(|| "the latency share of a crossing".into(), self.latency_share)?;
+        Ok(())
+    }
+
+    /// The predicted step of `candidate` on `workload`.
+    pub fn predict(&self, m: &Measurements, workload: &Workload, candidate: &Candidate) -> Result<Prediction> {
+        let Candidate { server, cut, micro_batches, mode } = *candidate;
+        if workload.batch == 0 {
+            return Err(PlanError::Inconsistent("the batch must have at least one sample".into()));
+        }
+        if micro_batches == 0 || micro_batches > workload.batch {
+            return Err(PlanError::Inconsistent(format!(
+                "{micro_batches} micro-batches: a batch of {} samples takes 1 to {} of them",
+                workload.batch, workload.batch
+            )));
+        }
+        let s: &ServerTimes = m.servers.get(server).ok_or_else(|| PlanError::Unmeasured(format!("server {server}")))?;
+        let bytes = m.cut(cut).ok_or_else(|| PlanError::Unmeasured(format!("cut {cut} (its bytes)")))?;
+        let edge = s.at(cut).ok_or_else(|| PlanError::Unmeasured(format!("cut {cut} on server {}", s.name)))?;
+        let layers = m.device.layers.get(..=cut).ok_or_else(|| {
+            PlanError::Inconsistent(format!("cut {cut}: the device times cover {} layers", m.device.layers.len()))
+        })?;
+        let frozen_device = cut < workload.frozen_layers;
+        let n = workload.batch as f64 / micro_batches as f64;
+        let h = self.message_bytes as f64;
+        let up_bytes = n * (bytes.activation + bytes.label) as f64 + h;
+        let down_bytes = if frozen_device { h } else { n * bytes.activation as f64 + h };
+        let forward: f64 = layers.iter().map(|l| l.forward_s).sum();
+        let backward: f64 = layers.iter().map(|l| l.backward_s).sum();
+        let apply: f64 = layers.iter().map(|l| l.apply_s).sum();
+        let stages = Stages {
+            device_forward_s: m.device.forward_call_s + n * forward,
+            up_s: up_bytes / s.link.up_bytes_per_s,
+            edge_s: edge.step.at(n),
+            down_s: down_bytes / s.link.down_bytes_per_s,
+            device_backward_s: if frozen_device { 0.0 } else { m.device.backward_call_s + n * backward },
+            latency_s: self.latency_share * s.link.rtt_s,
+        };
+        let cycle_s = stages.cycle_s();
+        // The period and the bottleneck: the busiest resource, or the window when it
+        // makes the step longer than an unlimited one would be.
+        let (mut bottleneck, period_s) = [
+            (Resource::Device, stages.device_forward_s + stages.device_backward_s),
+            (Resource::Uplink, stages.up_s),
+            (Resource::Edge, stages.edge_s),
+            (Resource::Downlink, stages.down_s),
+        ]
+        .into_iter()
+        .fold((Resource::Device, f64::NEG_INFINITY), |best, r| if r.1 > best.1 { r } else { best });
+        let window = mode.window(micro_batches);
+        let micro_s = schedule(&stages, micro_batches, window);
+        if window < micro_batches && micro_s > schedule(&stages, micro_batches, micro_batches) * (1.0 + 1e-12) {
+            bottleneck = Resource::Window;
+        }
+        let device_apply_s = if frozen_device { 0.0 } else { m.device.apply_call_s + apply };
+        let edge_apply_s = s.link.rtt_s + edge.apply_s;
+        let step_s = micro_s + device_apply_s + edge_apply_s;
+        Ok(Prediction {
+            candidate: *candidate,
+            server: s.name.clone(),
+            frozen_device,
+            samples_per_micro_batch: n,
+            up_bytes,
+            down_bytes,
+            stages,
+            cycle_s,
+            period_s,
+            bottleneck,
+            device_apply_s,
+            edge_apply_s,
+            step_s,
+        })
+    }
+}
+
+/// When the device is done with the last of `m` micro-batches, as `edgefreeze-device`'s
+/// pipeline runs them: the device runs a forward whenever fewer than `w` micro-batches
+/// are in flight, else it waits for the oldest one's reply and runs its backward; the
+/// uplink, the edge and the downlink each serve one micro-batch at a time, in order, and
+/// each crossing adds its latency. Replies come back in order, so a micro-batch's
+/// arrival is known once it is sent.
+fn schedule(st: &Stages, m: usize, w: usize) -> f64 {
+    let w = w.max(1);
+    let (mut device, mut up, mut edge, mut down) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut replies = std::collections::VecDeque::with_capacity(w);
+    let (mut sent, mut done) = (0, 0);
+    while done < m {
+        if sent < m && replies.len() < w {
+            device += st.device_forward_s;
+            up = up.max(device) + st.up_s;
+            edge = edge.max(up + st.latency_s) + st.edge_s;
+            down = down.max(edge) + st.down_s;
+            replies.push_back(down + st.latency_s);
+            sent += 1;
+        } else if let Some(reply) = replies.pop_front() {
+            device = device.max(reply) + st.device_backward_s;
+            done += 1;
+        }
+    }
+    device
+}
