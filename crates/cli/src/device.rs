@@ -46,6 +46,21 @@ pub struct DeviceTrainArgs {
     /// layers on this device too instead of stopping (the checkpoints then hold both sides).
     #[arg(long)]
     pub alone_if_no_edge: bool,
+    /// Re-plan while training: probe the device and the edge servers first, then, when
+    /// the measured step drifts from its prediction, re-probe the links and move to
+    /// another server, cut or micro-batch count when that saves more than it costs.
+    #[arg(long)]
+    pub adapt: bool,
+    /// --adapt: seconds the first probe may take.
+    #[arg(long, default_value_t = 60.0)]
+    pub adapt_budget: f64,
+    /// --adapt: updates between checks of the measured step against its prediction.
+    #[arg(long, default_value_t = 10)]
+    pub adapt_every: u64,
+    /// --adapt: relative drift of the measured step from its prediction that calls for a
+    /// re-probe.
+    #[arg(long, default_value_t = 0.25)]
+    pub adapt_drift: f64,
     /// This device's id, as the edge's tokens file lists it.
     #[arg(long, default_value = "device")]
     pub device_id: String,
@@ -108,6 +123,9 @@ pub fn run(args: &DeviceArgs) -> Result<()> {
 
 fn train(args: &DeviceTrainArgs) -> Result<()> {
     let (engine, engine_options) = args.engine.settings()?;
+    if args.adapt && !(args.adapt_drift.is_finite() && args.adapt_drift > 0.0) {
+        bail!("--adapt-drift must be a positive fraction");
+    }
     let token = match &args.token {
         Some(t) => t.clone(),
         None => std::env::var("EDGEFREEZE_TOKEN").context("give --token or set EDGEFREEZE_TOKEN")?,
@@ -147,7 +165,7 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
     let options = DeviceOptions {
         train: TrainOptions {
             engine: engine.clone(),
-            engine_options,
+            engine_options: engine_options.clone(),
             plot: args.plot.clone(),
             progress: !args.quiet,
             ..TrainOptions::default()
@@ -174,6 +192,10 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
             });
         }
     };
+    if args.adapt {
+        let adapter = crate::plan::replanner(&trainer, &dir, &edges, args, &engine, &engine_options)?;
+        trainer.set_adapter(Box::new(adapter));
+    }
     let spec = trainer.spec().clone();
     let split = trainer.device_run().split.clone();
     if !args.quiet {

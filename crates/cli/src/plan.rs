@@ -227,3 +227,102 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     );
     out
 }
+
+/// The re-planner of `device train --adapt`: the device and `edges` probed for the run's
+/// model and recipe, the plan, and the candidate the run starts on.
+pub fn replanner(
+    trainer: &edgefreeze_device::trainer::DeviceTrainer,
+    dir: &std::path::Path,
+    edges: &[edgefreeze_device::trainer::EdgeAddress],
+    args: &crate::device::DeviceTrainArgs,
+    engine: &edgefreeze_engine::EngineKind,
+    engine_options: &edgefreeze_engine::EngineOptions,
+) -> Result<edgefreeze_probe::adapt::Replanner> {
+    use edgefreeze_plan::{Candidate, Mode};
+    use edgefreeze_probe::adapt::{AdaptSettings, Replanner};
+    let spec = trainer.spec();
+    let split = &trainer.device_run().split;
+    let batch = spec.recipe.batch;
+    let smallest = trainer.smallest_batch();
+    let manifest = edgefreeze_train::run::read_manifest(&dir.join("graphs"))?;
+    let model_path = dir.join("graphs").join(edgefreeze_autodiff::artifacts::files::FORWARD);
+    let mut micro_batches: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&m| m <= smallest).collect();
+    if !micro_batches.contains(&split.micro_batches) {
+        micro_batches.push(split.micro_batches);
+        micro_batches.sort_unstable();
+    }
+    let settings = ProbeSettings {
+        micro_batches: micro_batches.clone(),
+        frozen_layers: if split.freeze_device { split.cut + 1 } else { 0 },
+        loss: manifest.loss.clone(),
+        optimizer: manifest.optimizer.clone(),
+        engine: engine.clone(),
+        engine_options: engine_options.clone(),
+        budget: Duration::from_secs_f64(args.adapt_budget.max(1.0)),
+        timeout: Duration::from_secs_f64(args.edge_timeout.max(1.0)),
+        ..ProbeSettings::new(batch)
+    };
+    let targets: Vec<Target> =
+        edges.iter().map(|e| Target { address: e.address.clone(), credentials: e.credentials.clone() }).collect();
+    if !args.quiet {
+        eprintln!(
+            "--adapt: probing the device and {} edge server(s), at most {:.0} s",
+            targets.len(),
+            args.adapt_budget
+        );
+    }
+    let report = edgefreeze_probe::probe(&model_path, &targets, &settings).context("--adapt: probing")?;
+    let model = CostModel::default();
+    let workload = Workload { batch, frozen_layers: settings.frozen_layers };
+    let space = Space { micro_batches, max_in_flight: args.max_in_flight };
+    let plan = edgefreeze_plan::plan(&model, &report.measurements, &workload, &space).context("--adapt: planning")?;
+    let mode = if split.sequential { Mode::Sequential } else { Mode::Pipelined(args.max_in_flight) };
+    let current = Candidate {
+        server: trainer.server_index().unwrap_or(0),
+        cut: split.cut,
+        micro_batches: split.micro_batches,
+        mode,
+    };
+    if !args.quiet {
+        let now = plan.candidates.iter().find(|p| p.candidate == current);
+        let best = plan.chosen();
+        eprintln!(
+            "--adapt: probed in {:.1} s; this run's step is predicted at {}; the planner's choice is {} at cut {} with \
+             M={} ({:.1} ms)",
+            report.elapsed_s,
+            now.map_or("(not measured)".into(), |p| format!("{:.1} ms", p.step_s * 1e3)),
+            best.server,
+            best.candidate.cut,
+            best.candidate.micro_batches,
+            best.step_s * 1e3
+        );
+    }
+    // Bytes of state each side holds at a cut: parameters with their optimizer slots, and
+    // statistics, in f32.
+    let analysis = edgefreeze_graph::analyse(&edgefreeze_graph::import(&model_path)?)?;
+    let slots = if manifest.optimizer.starts_with("adamw") { 2 } else { 1 };
+    let per_layer: Vec<u64> =
+        analysis.layers.iter().map(|l| 4 * ((1 + slots) * l.parameters + l.buffers) as u64).collect();
+    let state_bytes = Box::new(move |cut: usize| {
+        let device: u64 = per_layer.iter().take(cut + 1).sum();
+        let total: u64 = per_layer.iter().sum();
+        (total - device, device)
+    });
+    let adapt = AdaptSettings {
+        policy: edgefreeze_plan::ReplanPolicy { drift: args.adapt_drift, ..Default::default() },
+        check_every: args.adapt_every.max(1),
+        ..AdaptSettings::default()
+    };
+    Ok(Replanner::new(
+        adapt,
+        settings,
+        targets,
+        model,
+        report.measurements,
+        workload,
+        space,
+        &plan,
+        current,
+        state_bytes,
+    ))
+}

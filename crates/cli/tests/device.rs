@@ -826,3 +826,56 @@ fn with_no_edge_server_left_the_run_goes_on_alone_on_the_device_and_resumes_ther
     assert_eq!(failovers.len(), 1, "{failovers:?}");
     assert!(failovers[0]["reason"].as_str().unwrap().contains("alone on the device"), "{failovers:?}");
 }
+
+#[test]
+fn adapt_migrates_when_the_link_to_its_server_degrades() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    use edgefreeze_shaper::{Shape, Shaper};
+    let (first, second) = (Edge::spawn(None), Edge::spawn(None));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let fast = Shape::mbit(100.0, std::time::Duration::from_millis(1));
+    let (near, other) = runtime.block_on(async {
+        let near = Shaper::start(first.address.parse().unwrap(), fast, fast).await.unwrap();
+        let other = Shaper::start(second.address.parse().unwrap(), fast, fast).await.unwrap();
+        (near, other)
+    });
+    let (near_at, other_at) = (near.local_addr().to_string(), other.local_addr().to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+        .env("EDGEFREEZE_TOKEN", TOKEN)
+        .args(["device", "train", "--edge", &format!("{near_at},{other_at}"), "--device-id", "phone-1"])
+        .args(["--model", model("mlp.onnx").to_str().unwrap(), "--data", "fashion-mnist", "--cut", "0"])
+        .args(["--micro-batches", "2", "--epochs", "1", "--batch", "32", "--limit", "960", "--test-limit", "64"])
+        .args(["--log-every", "1", "--threads", "1", "--adapt", "--adapt-every", "3", "--adapt-budget", "20"])
+        .args(["--out", run.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once training runs, the device moves away from its server: 100 → 1 Mbit/s.
+    let started = std::time::Instant::now();
+    let steps =
+        || std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default().matches("\"event\":\"step\"").count();
+    while steps() < 5 {
+        assert!(started.elapsed().as_secs() < 180, "training did not start");
+        assert!(child.try_wait().unwrap().is_none(), "the device stopped early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let slow = Shape::mbit(1.0, std::time::Duration::from_millis(20));
+    near.set_up(slow).unwrap();
+    near.set_down(slow).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // The first move leaves the slow link for the other server (later re-plans may move
+    // the cut or M there, as the fresh measurements say).
+    let moves = decisions(&run, "migrate");
+    assert!(!moves.is_empty(), "{}", text(&out));
+    let reason = moves[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(&format!("from {near_at} to {other_at}")) && reason.contains("drifted"), "{reason}");
+    assert!(moves.iter().all(|m| !m["reason"].as_str().unwrap().contains(&format!("to {near_at}"))), "{moves:?}");
+    assert!(run.join("checkpoints/epoch-0001.safetensors").is_file());
+    drop(runtime);
+}

@@ -128,6 +128,9 @@ pub struct EdgePlace {
     /// The cut of the split there, when it moved from the one `device.json` gives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut: Option<usize>,
+    /// Micro-batches per step there, when they changed from those `device.json` gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batches: Option<usize>,
 }
 
 impl EdgePlace {
@@ -139,6 +142,50 @@ impl EdgePlace {
 
     fn from_controller(value: Option<&serde_json::Value>) -> Option<EdgePlace> {
         serde_json::from_value(value?.get(Self::KEY)?.clone()).ok()
+    }
+}
+
+/// A change of where and how the run trains, made between two updates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Move {
+    /// The edge server, by its place in the run's list.
+    pub server: usize,
+    /// The cut.
+    pub cut: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+    /// Why, for the log.
+    pub reason: String,
+}
+
+/// What an adapter sees after each update.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeen<'a> {
+    /// Updates done.
+    pub step: u64,
+    /// Updates in the whole run.
+    pub total_steps: u64,
+    /// Seconds the update took on the device's clock (the whole pipelined step).
+    pub seconds: f64,
+    /// Its timestamps.
+    pub times: &'a StepTimes,
+    /// The server it ran on, by its place in the run's list (`None`: on the device).
+    pub server: Option<usize>,
+    /// The cut.
+    pub cut: usize,
+    /// Micro-batches per step.
+    pub micro_batches: usize,
+}
+
+/// Decides from what training measures whether the run should move (EdgeMove's
+/// adaptation: re-probe when the step drifts from its prediction, move when a better
+/// server, cut or micro-batch count saves more than moving costs).
+pub trait Adapter: Send {
+    /// Called after every update; a move is made before the next one.
+    fn after_step(&mut self, seen: &StepSeen) -> Option<Move>;
+    /// What it measured and decided since last asked, for the log (lines of text).
+    fn notes(&mut self) -> Vec<String> {
+        Vec::new()
     }
 }
 
@@ -286,6 +333,8 @@ pub struct DeviceTrainer {
     consistent: Option<Consistent>,
     /// Decisions taken between steps, for the metrics log.
     pending: Vec<Decision>,
+    /// Asked after every update whether to move.
+    adapter: Option<Box<dyn Adapter>>,
     epochs_done: usize,
     steps_done: u64,
     last_checkpoint: PathBuf,
@@ -312,8 +361,9 @@ impl DeviceTrainer {
         let checkpoints = list_checkpoints(dir)?;
         let last = checkpoints.last().map(|(_, path)| Checkpoint::read(path)).transpose()?;
         // A run whose cut moved resumes at the cut its last checkpoint was taken at.
-        if let Some(cut) = last.as_ref().and_then(|c| EdgePlace::from_controller(c.info.controller.as_ref())?.cut) {
-            run.split.cut = cut;
+        if let Some(place) = last.as_ref().and_then(|c| EdgePlace::from_controller(c.info.controller.as_ref())) {
+            run.split.cut = place.cut.unwrap_or(run.split.cut);
+            run.split.micro_batches = place.micro_batches.unwrap_or(run.split.micro_batches);
         }
         let graphs_dir = dir.join(GRAPHS_DIR);
         let manifest = read_manifest(&graphs_dir)?;
@@ -383,7 +433,12 @@ impl DeviceTrainer {
         let everywhere = |run_id: &str| -> Vec<EdgePlace> {
             edges
                 .iter()
-                .map(|e| EdgePlace { address: e.address.clone(), run_id: run_id.to_string(), cut: None })
+                .map(|e| EdgePlace {
+                    address: e.address.clone(),
+                    run_id: run_id.to_string(),
+                    cut: None,
+                    micro_batches: None,
+                })
                 .collect()
         };
         let candidates: Vec<EdgePlace> = match (resume_step, recorded_place) {
@@ -486,6 +541,7 @@ impl DeviceTrainer {
             moves: 0,
             consistent: None,
             pending: Vec::new(),
+            adapter: None,
             epochs_done,
             steps_done,
             last_checkpoint,
@@ -686,7 +742,13 @@ impl DeviceTrainer {
         let mut done: Vec<BatchResult> = Vec::new();
         loop {
             match self.epoch_from(epoch, first_step, batches, &mut done, metrics, &bar, start) {
-                Ok(()) => break,
+                Ok(None) => break,
+                Ok(Some(to)) => {
+                    self.make_move(&to)?;
+                    for decision in std::mem::take(&mut self.pending) {
+                        metrics.push_decision(decision)?;
+                    }
+                }
                 Err(DeviceError::EdgeLost { address, message }) => {
                     let redo_from = self.fail_over(epoch, &address, &message, metrics)?;
                     done.truncate((redo_from - first_step) as usize);
@@ -718,7 +780,7 @@ impl DeviceTrainer {
         metrics: &mut MetricsLog,
         bar: &indicatif::ProgressBar,
         start: Instant,
-    ) -> Result<()> {
+    ) -> Result<Option<Move>> {
         let mut link = match &mut self.session {
             EdgeConn::Remote(session) => EpochLink::Remote(Box::new(session.stream())),
             EdgeConn::Local(local) => EpochLink::Local(
@@ -743,7 +805,7 @@ impl DeviceTrainer {
         metrics: &mut MetricsLog,
         bar: &indicatif::ProgressBar,
         start: Instant,
-    ) -> Result<()> {
+    ) -> Result<Option<Move>> {
         let recipe = self.spec.recipe.clone();
         let samples = subset(self.data.train.len(), recipe.train_limit, recipe.seed);
         let augmentation = recipe.augmentation()?;
@@ -788,7 +850,9 @@ impl DeviceTrainer {
                 frozen_device: self.run.split.freeze_device,
                 checkpoint: index + 1 == batches,
             };
+            let step_started = Instant::now();
             let report = run_step(&mut self.device, link, &micro_batches, &settings)?;
+            let step_seconds = step_started.elapsed().as_secs_f64();
             if !report.loss.is_finite() {
                 return Err(DeviceError::Diverged { step: self.steps_done + 1, epoch, loss: report.loss });
             }
@@ -821,6 +885,27 @@ impl DeviceTrainer {
             if let Some(hook) = &self.options.after_update {
                 (hook.0)(self.steps_done);
             }
+            let server = self.server_index();
+            if let Some(adapter) = &mut self.adapter {
+                let seen = StepSeen {
+                    step: self.steps_done,
+                    total_steps: total,
+                    seconds: step_seconds,
+                    times: &report.times,
+                    server,
+                    cut: self.run.split.cut,
+                    micro_batches: self.run.split.micro_batches,
+                };
+                let wanted = adapter.after_step(&seen);
+                for note in adapter.notes() {
+                    bar.println(note);
+                }
+                // A move waits for the next epoch when this was its last update (the
+                // epoch's end syncs both sides and checkpoints first).
+                if let Some(to) = wanted.filter(|_| index + 1 < batches) {
+                    return Ok(Some(to));
+                }
+            }
             let every = self.options.sync_every;
             if every > 0 && self.steps_done.is_multiple_of(every) && index + 1 < batches {
                 self.sync_with(Some(link))?;
@@ -832,7 +917,8 @@ impl DeviceTrainer {
                         trains on, but --resume cannot continue it there";
             bar.println(line);
         }
-        self.sync_with(Some(link))
+        self.sync_with(Some(link))?;
+        Ok(None)
     }
 
     /// Takes a consistent copy of both sides at the current step (between steps): the
@@ -861,6 +947,7 @@ impl DeviceTrainer {
             address: edge.address.clone(),
             run_id: format!("{}.{}", self.run.run_id, self.moves),
             cut: Some(split.cut_after_layer as usize),
+            micro_batches: Some(split.micro_batches as usize),
         };
         let request = pb::OpenSessionRequest {
             header: Some(pb::Header::default()),
@@ -995,10 +1082,23 @@ impl DeviceTrainer {
         })?;
         self.session = EdgeConn::Local(Some(Box::new(local)));
         self.header = pb::Header { session_id: ALONE.into(), step: self.steps_done, micro_batch: 0, model_version: 1 };
-        self.place =
-            EdgePlace { address: ALONE.into(), run_id: self.run.run_id.clone(), cut: Some(self.run.split.cut) };
+        self.place = EdgePlace {
+            address: ALONE.into(),
+            run_id: self.run.run_id.clone(),
+            cut: Some(self.run.split.cut),
+            micro_batches: Some(self.run.split.micro_batches),
+        };
         self.consistent = Some(consistent);
         Ok(self.steps_done)
+    }
+
+    /// Makes an adapter's move: another server, cut or micro-batch count.
+    fn make_move(&mut self, to: &Move) -> Result<()> {
+        let recipe = &self.spec.recipe;
+        check_micro_batches(recipe, self.train_samples(), to.micro_batches)?;
+        let cut = (to.cut != self.run.split.cut).then_some(to.cut);
+        let m = (to.micro_batches != self.run.split.micro_batches).then_some(to.micro_batches);
+        self.move_edge_with(to.server, cut, m, &to.reason)
     }
 
     /// Moves the edge side to `edges[to]` between steps (the old server is alive: its
@@ -1016,6 +1116,10 @@ impl DeviceTrainer {
     }
 
     fn move_edge(&mut self, to: usize, cut: Option<usize>, reason: &str) -> Result<()> {
+        self.move_edge_with(to, cut, None, reason)
+    }
+
+    fn move_edge_with(&mut self, to: usize, cut: Option<usize>, m: Option<usize>, reason: &str) -> Result<()> {
         let edge = self
             .edges
             .get(to)
@@ -1029,12 +1133,19 @@ impl DeviceTrainer {
         // The whole model's state, by name: each side takes its own from it.
         let whole: Vec<(String, Value)> = consistent.device.iter().chain(&consistent.edge).cloned().collect();
         let mut split = self.split_request.clone();
+        if let Some(m) = m {
+            split.micro_batches = u32::try_from(m).map_err(|_| DeviceError::Config("too many micro-batches".into()))?;
+        }
         let mut device = None;
         let edge_state = if new_cut == old_cut {
             consistent.edge.clone()
         } else {
             split.cut_after_layer = u32::try_from(new_cut).map_err(|_| DeviceError::Config("cut too large".into()))?;
-            let settings = SplitSettings { cut: new_cut, ..self.run.split.clone() };
+            let settings = SplitSettings {
+                cut: new_cut,
+                micro_batches: m.unwrap_or(self.run.split.micro_batches),
+                ..self.run.split.clone()
+            };
             let graphs = self.device_graphs_at(&settings, &whole)?;
             let on_device: Vec<String> = graphs.state.iter().map(|(n, _)| n.clone()).collect();
             device = Some((settings, graphs));
@@ -1043,6 +1154,10 @@ impl DeviceTrainer {
         let moved = self.open_elsewhere(&edge, &split, step, &edge_state);
         self.consistent = Some(consistent);
         let (session, header, place) = moved?;
+        if let Some(m) = m {
+            self.run.split.micro_batches = m;
+            self.split_request.micro_batches = split.micro_batches;
+        }
         if let Some((settings, graphs)) = device {
             self.device =
                 GraphDevice::new(graphs, &self.input, &self.options.train.engine, &self.options.train.engine_options)?;
@@ -1094,6 +1209,26 @@ impl DeviceTrainer {
             })?;
         }
         Ok(graphs)
+    }
+
+    /// Samples in the epoch's smallest batch (a step is split into at most that many
+    /// micro-batches).
+    pub fn smallest_batch(&self) -> usize {
+        let (n, batch) = (self.train_samples(), self.spec.recipe.batch);
+        match n % batch {
+            0 => batch.min(n),
+            r => r,
+        }
+    }
+
+    /// Asks `adapter` after every update whether the run should move.
+    pub fn set_adapter(&mut self, adapter: Box<dyn Adapter>) {
+        self.adapter = Some(adapter);
+    }
+
+    /// The current server's place in the run's list (`None` when training alone).
+    pub fn server_index(&self) -> Option<usize> {
+        self.edges.iter().position(|e| e.address == self.place.address)
     }
 
     /// Where the edge side lives now.

@@ -17,6 +17,7 @@
 //! cut has no candidate there), and its report says how long each part took. A server
 //! that cannot be reached is skipped with its error; if none is left, probing fails.
 
+pub mod adapt;
 pub mod device;
 pub mod edge;
 mod error;
@@ -218,10 +219,6 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
 
     // The links.
     let links_started = Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ProbeError::Config(format!("cannot start the network runtime: {e}")))?;
     let mut up_sizes = Vec::new();
     let mut down_sizes = Vec::new();
     for c in &cut_bytes {
@@ -239,27 +236,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
     let (up_sizes, down_sizes) = (distinct(up_sizes), distinct(down_sizes));
     let mut links = Vec::new();
     let mut link_samples = Vec::new();
-    for t in targets {
-        let measured = runtime.block_on(async {
-            let limits = edgefreeze_wire::Limits::default();
-            let lost = |message: String| ProbeError::Edge { address: t.address.clone(), message };
-            let late = |what: &str| lost(format!("no answer to {what} in {:.1} s", settings.timeout.as_secs_f64()));
-            let connect = edgefreeze_wire::connect(&t.address, t.credentials.clone(), &limits);
-            let mut client = tokio::time::timeout(settings.timeout, connect)
-                .await
-                .map_err(|_| late("the connection"))?
-                .map_err(|e| lost(e.to_string()))?;
-            link::probe_link(
-                &mut client,
-                &t.address,
-                &up_sizes,
-                &down_sizes,
-                settings.link_reps,
-                deadline,
-                settings.timeout,
-            )
-            .await
-        });
+    for (t, measured) in targets.iter().zip(probe_links(targets, &up_sizes, &down_sizes, settings, deadline)?) {
         match measured {
             Ok(probe) => {
                 for (up, down) in &probe.refused {
@@ -346,4 +323,43 @@ fn distinct(mut sizes: Vec<u64>) -> Vec<u64> {
         }
     }
     kept
+}
+
+/// Times each target's link with these payload sizes (see [`link::probe_link`]).
+pub fn probe_links(
+    targets: &[Target],
+    up_sizes: &[u64],
+    down_sizes: &[u64],
+    settings: &ProbeSettings,
+    deadline: Instant,
+) -> Result<Vec<Result<link::LinkProbe>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ProbeError::Config(format!("cannot start the network runtime: {e}")))?;
+    Ok(targets
+        .iter()
+        .map(|t| {
+            runtime.block_on(async {
+                let limits = edgefreeze_wire::Limits::default();
+                let lost = |message: String| ProbeError::Edge { address: t.address.clone(), message };
+                let late = |what: &str| lost(format!("no answer to {what} in {:.1} s", settings.timeout.as_secs_f64()));
+                let connect = edgefreeze_wire::connect(&t.address, t.credentials.clone(), &limits);
+                let mut client = tokio::time::timeout(settings.timeout, connect)
+                    .await
+                    .map_err(|_| late("the connection"))?
+                    .map_err(|e| lost(e.to_string()))?;
+                link::probe_link(
+                    &mut client,
+                    &t.address,
+                    up_sizes,
+                    down_sizes,
+                    settings.link_reps,
+                    deadline,
+                    settings.timeout,
+                )
+                .await
+            })
+        })
+        .collect())
 }
