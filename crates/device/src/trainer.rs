@@ -1025,15 +1025,13 @@ impl DeviceTrainer {
         if self.options.train.progress {
             eprintln!("{reason}");
         }
-        metrics.push_decision(Decision {
+        metrics.push_decision(self.split_decision(
             epoch,
-            step: consistent.step,
-            kind: DecisionKind::Failover,
-            layer: Some(self.run.split.cut),
-            depth: if self.run.split.freeze_device { self.run.split.cut + 1 } else { 0 },
-            history: Vec::new(),
+            consistent.step,
+            DecisionKind::Failover,
+            self.run.split.cut,
             reason,
-        })?;
+        ))?;
         self.session = EdgeConn::Remote(Box::new(session));
         self.header = header;
         self.place = place;
@@ -1071,15 +1069,13 @@ impl DeviceTrainer {
         if self.options.train.progress {
             eprintln!("{reason}");
         }
-        metrics.push_decision(Decision {
+        metrics.push_decision(self.split_decision(
             epoch,
-            step: consistent.step,
-            kind: DecisionKind::Failover,
-            layer: Some(self.run.split.cut),
-            depth: if self.run.split.freeze_device { self.run.split.cut + 1 } else { 0 },
-            history: Vec::new(),
+            consistent.step,
+            DecisionKind::Failover,
+            self.run.split.cut,
             reason,
-        })?;
+        ))?;
         self.session = EdgeConn::Local(Some(Box::new(local)));
         self.header = pb::Header { session_id: ALONE.into(), step: self.steps_done, micro_batch: 0, model_version: 1 };
         self.place = EdgePlace {
@@ -1090,6 +1086,13 @@ impl DeviceTrainer {
         };
         self.consistent = Some(consistent);
         Ok(self.steps_done)
+    }
+
+    /// A fail-over or move, as logged: the cut it leaves the run at (and the frozen
+    /// device layers, when the device side is frozen).
+    fn split_decision(&self, epoch: usize, step: u64, kind: DecisionKind, cut: usize, reason: String) -> Decision {
+        let depth = if self.run.split.freeze_device { cut + 1 } else { 0 };
+        Decision { epoch, step, kind, layer: Some(cut), depth, history: Vec::new(), reason }
     }
 
     /// Makes an adapter's move: another server, cut or micro-batch count.
@@ -1182,15 +1185,13 @@ impl DeviceTrainer {
         let line = format!("{what} at update {step}: {reason}");
         self.header = header;
         self.place = place;
-        self.pending.push(Decision {
-            epoch: self.epochs_done + 1,
+        self.pending.push(self.split_decision(
+            self.epochs_done + 1,
             step,
-            kind: DecisionKind::Migrate,
-            layer: Some(new_cut),
-            depth: if self.run.split.freeze_device { new_cut + 1 } else { 0 },
-            history: Vec::new(),
-            reason: line.clone(),
-        });
+            DecisionKind::Migrate,
+            new_cut,
+            line.clone(),
+        ));
         if self.options.train.progress {
             eprintln!("{line}");
         }
