@@ -145,10 +145,25 @@ impl StepRunner {
                 store,
             },
         };
-        self.observing = graphs.observing.map(|b| load(ws, &self.state_names, &b)).transpose()?;
-        self.step = step;
+        let observing = graphs.observing.map(|b| load(ws, &self.state_names, &b)).transpose()?;
+        // The new graphs loaded; the old ones are freed (compiled plans, sessions and
+        // their bound buffers), so a run that switches often does not pile them up.
+        let old_step = std::mem::replace(&mut self.step, step);
+        let old_observing = std::mem::replace(&mut self.observing, observing);
+        let old_ids = match &old_step {
+            Loaded::Whole(g) => vec![g.id],
+            Loaded::Cached { prefix, suffix, .. } => vec![prefix.id, suffix.id],
+        };
+        for id in old_ids.into_iter().chain(old_observing.map(|g| g.id)) {
+            self.workspace.unload_graph(id)?;
+        }
         self.label = graphs.label;
         Ok(())
+    }
+
+    /// Graphs loaded in the workspace now (the eval graph included).
+    pub fn loaded_graphs(&self) -> usize {
+        self.workspace.loaded_graphs()
     }
 
     /// The current graph set, in words.
