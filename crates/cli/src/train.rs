@@ -82,7 +82,12 @@ pub struct TrainArgs {
     /// --freeze auto: depth to unfreeze back to on such a drop.
     #[arg(long, default_value_t = Knobs::default().unfreeze_to)]
     pub freeze_unfreeze_to: usize,
-    /// --freeze auto: samples of the batch the reference model sees per measurement.
+    /// --freeze auto: also require |slope| + Z × its standard error < TOL × mean (0: the
+    /// slope alone, as published).
+    #[arg(long, default_value_t = Knobs::default().confidence)]
+    pub freeze_confidence: f64,
+    /// --freeze auto: samples of the fixed probe batch (drawn once from the seed) that
+    /// plasticity is measured on.
     #[arg(long, default_value_t = 32)]
     pub freeze_probe_batch: usize,
     /// --freeze auto: threads of the reference model's engine.
@@ -203,6 +208,7 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
                 refresh: args.freeze_refresh,
                 lr_drop: args.freeze_lr_drop,
                 unfreeze_to: args.freeze_unfreeze_to,
+                confidence: args.freeze_confidence,
             },
             probe_batch: args.freeze_probe_batch,
             reference_threads: args.freeze_reference_threads,

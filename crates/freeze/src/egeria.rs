@@ -15,7 +15,7 @@ use crate::cache::{ActivationCache, CacheIdentity, CacheKey, Reopened};
 use crate::controller::{Action, Controller as Logic, ControllerState, Knobs};
 use crate::error::{FreezeError, Result};
 use crate::hash::{Fnv64, fnv64};
-use crate::reference::{probe_name, with_parameters};
+use crate::reference::with_parameters;
 use crate::runner::{ReferenceRunner, Reply, Request};
 use edgefreeze_autodiff::artifacts::{files, parse_loss, parse_optimizer};
 use edgefreeze_engine::{EngineKind, EngineOptions, Value};
@@ -27,7 +27,6 @@ use edgefreeze_train::control::{Opening, Saved, StateView, StepReport};
 use edgefreeze_train::metrics::{Decision, DecisionKind};
 use edgefreeze_train::step::{ActivationStore, GraphSet, StepGraphs};
 use edgefreeze_train::{Outcome, TrainError};
-use ndarray::{Axis, Slice};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -148,6 +147,10 @@ struct SavedState {
     reference_step: Option<u64>,
     /// Names of the saved reference tensors, in order.
     reference_names: Vec<String>,
+    /// The training samples of the fixed probe batch (none in checkpoints written
+    /// before the probe batch was fixed).
+    #[serde(default)]
+    probe_samples: Vec<usize>,
 }
 
 const REFERENCE_PREFIX: &str = "reference/";
@@ -166,6 +169,10 @@ struct Auto {
     pending: Vec<Pending>,
     snapshot: Option<Snapshot>,
     probe_batch: usize,
+    /// The fixed probe batch: its training samples, drawn once from the seed, and their
+    /// inputs. Every measurement runs these same samples.
+    probe_samples: Vec<usize>,
+    probe_input: Option<Value>,
     waited: f64,
     probes: u64,
     rebuilds: u64,
@@ -290,6 +297,8 @@ impl Freezer {
                     pending: Vec::new(),
                     snapshot: None,
                     probe_batch: *probe_batch,
+                    probe_samples: Vec::new(),
+                    probe_input: None,
                     waited: 0.0,
                     probes: 0,
                     rebuilds: 0,
@@ -342,10 +351,6 @@ impl Freezer {
     fn graphs(&mut self, step: u64, state: &dyn StateView) -> Result<(GraphSet, Vec<Decision>)> {
         let start = Instant::now();
         let depth = self.depth;
-        let probes: Vec<usize> = match &self.policy {
-            Policy::Auto(a) if depth < a.logic.max_depth() => vec![depth],
-            _ => Vec::new(),
-        };
         let cut = depth.checked_sub(1).filter(|c| self.analysis.cuts.iter().any(|k| k.after_layer == *c));
         let mut decisions = Vec::new();
         let set = match (cut, &self.no_cache) {
@@ -406,11 +411,6 @@ impl Freezer {
                     }
                 };
                 decisions.push(self.decision(step, DecisionKind::CacheOn, Some(c), Vec::new(), reason));
-                let observing = if probes.is_empty() {
-                    None
-                } else {
-                    Some(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?)
-                };
                 GraphSet {
                     label: format!("layers 0..{depth} frozen, cached after layer {c}"),
                     step: StepGraphs::Cached {
@@ -420,7 +420,7 @@ impl Freezer {
                         sample_shape,
                         store: Box::new(self.cache.clone().expect("opened above")),
                     },
-                    observing,
+                    observing: None,
                 }
             }
             (cut, no_cache) => {
@@ -444,7 +444,7 @@ impl Freezer {
                 }
                 GraphSet {
                     label: format!("layers 0..{depth} frozen"),
-                    step: StepGraphs::Whole(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?),
+                    step: StepGraphs::Whole(encode(frozen_prefix_step(&self.model, &self.spec, depth, &[]))?),
                     observing: None,
                 }
             }
@@ -472,17 +472,6 @@ pub fn check_writable(dir: &Path) -> Result<()> {
     std::fs::remove_file(&probe).map_err(crate::error::cache_io("write into the cache folder", dir))
 }
 
-/// The first `n` samples of a batch.
-fn head(v: &Value, n: usize) -> Result<Value> {
-    let take = |len: usize| Slice::from(0..n.min(len));
-    Ok(match v {
-        Value::F32(a) => Value::F32(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::I64(a) => Value::I64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::F64(a) => Value::F64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::Bool(_) => return Err(FreezeError::Reference("a boolean batch cannot be probed".into())),
-    })
-}
-
 impl edgefreeze_train::Controller for Freezer {
     fn open(&mut self, opening: Opening<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
         self.epoch = opening.epoch + 1;
@@ -501,6 +490,7 @@ impl edgefreeze_train::Controller for Freezer {
                     .map_err(train_err)?;
                     a.logic = logic;
                     a.pending = s.pending;
+                    a.probe_samples = s.probe_samples;
                     if let Some(step) = s.reference_step {
                         let find = |n: &str| saved.tensors.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
                         let mut values = Vec::new();
@@ -529,6 +519,12 @@ impl edgefreeze_train::Controller for Freezer {
                 }
             }
         }
+        if let Policy::Auto(a) = &mut self.policy {
+            if a.probe_samples.is_empty() {
+                a.probe_samples = probe_samples(opening.train_indices, a.probe_batch, opening.seed);
+            }
+            a.probe_input = Some((opening.samples)(&a.probe_samples)?);
+        }
         let (set, more) = self.graphs(opening.step, state).map_err(train_err)?;
         // A resumed run already logged the cache decision of its depth.
         if opening.step == 0 {
@@ -537,8 +533,10 @@ impl edgefreeze_train::Controller for Freezer {
         Ok(Outcome { switch: Some(set), decisions })
     }
 
-    fn observes(&self, step: u64) -> bool {
-        matches!(&self.policy, Policy::Auto(a) if a.logic.probe_due(step).is_some())
+    fn observes(&self, _: u64) -> bool {
+        // Plasticity is measured on the fixed probe batch by the reference runner, not
+        // on the training batch: no update needs the probe outputs.
+        false
     }
 
     fn after_step(&mut self, report: &StepReport<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
@@ -609,6 +607,7 @@ impl edgefreeze_train::Controller for Freezer {
             pending: a.pending.clone(),
             reference_step,
             reference_names,
+            probe_samples: a.probe_samples.clone(),
         };
         Ok(Some(Saved { json: serde_json::to_value(state).expect("serialises"), tensors }))
     }
@@ -685,11 +684,8 @@ impl Freezer {
             }
             actions.extend(a.logic.observe(p.step, p.layer, sp));
         }
-        if let Some(layer) = a.logic.probe_due(step)
-            && let Some((_, train)) = report.outputs.iter().find(|(n, _)| *n == probe_name(layer))
-        {
-            let n = a.probe_batch.min(report.input.shape()[0]);
-            let input = head(report.input, n)?;
+        if let Some(layer) = a.logic.probe_due(step) {
+            let input = a.probe_input.clone().ok_or_else(|| FreezeError::Reference("no probe batch".into()))?;
             let start = Instant::now();
             if let Some(Action::RebuildReference { reason }) = a.logic.reference_due(step) {
                 let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
@@ -699,8 +695,8 @@ impl Freezer {
                 a.rebuilds += 1;
                 actions.push(Action::RebuildReference { reason });
             }
-            let train: Vec<f32> = head(train, n)?.as_f32().map(|t| t.iter().copied().collect()).unwrap_or_default();
-            a.runner.send(Request::Probe { step, layer, input, train })?;
+            let parameters = live_values(&self.model, &self.state_names, state)?;
+            a.runner.send(Request::Measure { step, layer, parameters })?;
             a.waited += start.elapsed().as_secs_f64();
             a.pending.push(Pending { step, layer, apply_at: step + lag, sp: None });
             a.probes += 1;
@@ -743,7 +739,17 @@ impl Freezer {
     }
 }
 
-/// Copies the live parameters and statistics the inference model holds.
+/// Copies the live parameters and statistics the inference model holds, in its
+/// initializers' order.
+fn live_values(model: &Model, state_names: &HashSet<String>, state: &dyn StateView) -> Result<Vec<(String, Value)>> {
+    let mut values = Vec::new();
+    for name in model.graph.initializers.keys().filter(|n| state_names.contains(*n)) {
+        values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
+    }
+    Ok(values)
+}
+
+/// The live parameters and the probe batch a reference model is built from.
 fn snapshot(
     model: &Model,
     state_names: &HashSet<String>,
@@ -751,11 +757,18 @@ fn snapshot(
     input: &Value,
     state: &dyn StateView,
 ) -> Result<Snapshot> {
-    let mut values = Vec::new();
-    for name in model.graph.initializers.keys().filter(|n| state_names.contains(*n)) {
-        values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
-    }
-    Ok(Snapshot { step, values, calibration: input.clone() })
+    Ok(Snapshot { step, values: live_values(model, state_names, state)?, calibration: input.clone() })
+}
+
+/// The fixed probe batch: `n` of the run's training samples, drawn once from the seed
+/// (a draw of its own, not the first batch of an epoch), in increasing order.
+pub fn probe_samples(train: &[usize], n: usize, seed: u64) -> Vec<usize> {
+    // The subset of a limited run is drawn with the tag u64::MAX; this one differs.
+    const TAG: u64 = u64::MAX - 1;
+    let mut picked: Vec<usize> =
+        edgefreeze_data::epoch_order(train.len(), seed, TAG).into_iter().take(n).map(|i| train[i]).collect();
+    picked.sort_unstable();
+    picked
 }
 
 /// The request that builds the reference model of a snapshot.

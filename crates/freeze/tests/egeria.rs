@@ -138,7 +138,7 @@ fn quick_knobs() -> Knobs {
     // rebuild, the SP of a layer that still learns grows about linearly from 0, a slope
     // near its mean (the decision rule itself is unit-tested in controller.rs; this test
     // is about the mechanics and exact resume).
-    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0 }
+    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0, confidence: 0.0 }
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -160,7 +160,8 @@ fn without_timings(records: Vec<Record>) -> Vec<Record> {
         .map(|mut r| {
             match &mut r {
                 Record::Step { samples_per_s, .. } => *samples_per_s = 0.0,
-                Record::Epoch { samples_per_s, train_seconds, .. } => {
+                Record::Epoch { samples_per_s, train_seconds, cpu_seconds, .. } => {
+                    *cpu_seconds = None;
                     *samples_per_s = 0.0;
                     *train_seconds = 0.0;
                 }

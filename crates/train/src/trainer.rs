@@ -181,7 +181,20 @@ impl Trainer {
             })?;
             runner.set_state(&entry.name, value)?;
         }
-        let opening = Opening { run_dir: dir, step: steps_done, epoch: epochs_done, saved };
+        let train_indices = subset(data.train.len(), spec.recipe.train_limit, spec.recipe.seed);
+        let samples = |indices: &[usize]| -> Result<Value> {
+            let batch = data.train.batch(indices, None, spec.recipe.seed, 0).map_err(TrainError::from)?;
+            Ok(batch_values(batch)?.0)
+        };
+        let opening = Opening {
+            run_dir: dir,
+            step: steps_done,
+            epoch: epochs_done,
+            saved,
+            train_indices: &train_indices,
+            seed: spec.recipe.seed,
+            samples: &samples,
+        };
         let Outcome { switch, decisions } = controller.open(opening, &runner)?;
         if let Some(graphs) = switch {
             runner.switch(graphs)?;
@@ -246,6 +259,12 @@ impl Trainer {
         self.runner.label()
     }
 
+    /// Graphs loaded in the engine now: the eval graph and the current step's (graphs
+    /// a controller switched away from are freed).
+    pub fn loaded_graphs(&self) -> usize {
+        self.runner.loaded_graphs()
+    }
+
     /// The controller's summary (overheads, cache sizes), if it has one.
     pub fn controller_summary(&self) -> Option<String> {
         self.controller.summary()
@@ -270,7 +289,10 @@ impl Trainer {
         let mut samples_per_s = None;
         while self.epochs_done < self.spec.recipe.epochs {
             let epoch = self.epochs_done + 1;
+            let cpu_before = crate::metrics::process_cpu_seconds();
             let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut observers)?;
+            let cpu_seconds =
+                crate::metrics::process_cpu_seconds().zip(cpu_before).map(|(after, before)| after - before);
             let (test_loss, test_accuracy) = self.evaluate()?;
             let rate = samples as f64 / seconds.max(1e-9);
             samples_per_s = Some(rate);
@@ -287,6 +309,7 @@ impl Trainer {
                 test_loss,
                 test_accuracy,
                 train_seconds: seconds,
+                cpu_seconds,
                 samples_per_s: rate,
             };
             let state = self.state()?;
