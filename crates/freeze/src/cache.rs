@@ -66,6 +66,10 @@ pub struct CacheStats {
     pub misses: u64,
     /// Records found damaged (and recomputed by the caller).
     pub corrupt: u64,
+    /// Records not stored because the file reached its disk budget or could not be
+    /// written (recomputed by the caller each time they are needed).
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// Why an existing cache file was not reused.
@@ -91,6 +95,10 @@ pub struct ActivationCache {
     index: HashMap<CacheKey, u64>,
     file: File,
     end: u64,
+    /// Bytes the file may grow to (u64::MAX: no budget).
+    disk_budget: u64,
+    /// Why records no longer go to the file, once they do not.
+    stopped: Option<String>,
     stats: CacheStats,
 }
 
@@ -121,6 +129,8 @@ impl ActivationCache {
             index: HashMap::new(),
             file: file.try_clone().map_err(cache_io("open", &path))?,
             end: 0,
+            disk_budget: u64::MAX,
+            stopped: None,
             stats: CacheStats::default(),
         };
         let reopened = if existed {
@@ -136,6 +146,20 @@ impl ActivationCache {
             Reopened::Fresh
         };
         Ok((cache, reopened))
+    }
+
+    /// Limits the file to `bytes` (None: no limit). Past it, records that do not fit in
+    /// memory are not stored, and [`ActivationCache::stopped`] says why; the run goes on
+    /// and recomputes them.
+    pub fn with_disk_budget(mut self, bytes: Option<u64>) -> ActivationCache {
+        self.disk_budget = bytes.unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Why the file takes no more records (its budget, or a failed write such as a full
+    /// disk), if it does not.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// The identity records are valid for.
@@ -201,6 +225,7 @@ impl ActivationCache {
         self.memory.clear();
         self.unsaved.clear();
         self.index.clear();
+        self.stopped = None;
         let header = serde_json::to_vec(&self.identity).expect("identity serialises");
         let mut bytes = MAGIC.to_vec();
         bytes.extend((header.len() as u32).to_le_bytes());
@@ -274,7 +299,23 @@ impl ActivationCache {
         self.write_record(key, values)
     }
 
+    /// Appends a record to the file; past the disk budget, or when the write fails (a
+    /// full disk), the record is refused and the file takes no more: the caller
+    /// recomputes such activations, and the run never fails for want of cache space.
     fn write_record(&mut self, key: CacheKey, values: &[f32]) -> Result<()> {
+        if self.stopped.is_some() {
+            self.stats.refused += 1;
+            return Ok(());
+        }
+        if self.end.saturating_add(self.record_len()) > self.disk_budget {
+            self.stopped = Some(format!(
+                "{} reached its disk budget of {} bytes; activations past it are recomputed",
+                self.path.display(),
+                self.disk_budget
+            ));
+            self.stats.refused += 1;
+            return Ok(());
+        }
         let mut bytes = Vec::with_capacity(self.record_len() as usize);
         bytes.extend(key.sample.to_le_bytes());
         bytes.extend(key.augmentation.to_le_bytes());
@@ -285,7 +326,15 @@ impl ActivationCache {
         let mut h = Fnv64::default();
         h.write(&bytes);
         bytes.extend(h.finish().to_le_bytes());
-        self.file.write_all_at(&bytes, self.end).map_err(cache_io("write", &self.path))?;
+        if let Err(e) = self.file.write_all_at(&bytes, self.end) {
+            // A part written is past `end`: never indexed, cut off when the file is scanned.
+            self.stopped = Some(format!(
+                "cannot write {} ({e}); activations not held in memory are recomputed",
+                self.path.display()
+            ));
+            self.stats.refused += 1;
+            return Ok(());
+        }
         self.index.insert(key, self.end);
         self.end += bytes.len() as u64;
         self.stats.disk_records = self.index.len();
@@ -302,8 +351,12 @@ impl ActivationCache {
                 self.write_record(key, &values)?;
             }
         }
-        self.file.flush().map_err(cache_io("write", &self.path))?;
-        self.file.sync_data().map_err(cache_io("sync", &self.path))
+        // A failed sync (a full disk) costs only the records: a resumed run finds a
+        // damaged tail or bad checksums, cuts them off and recomputes.
+        if let Err(e) = self.file.flush().and_then(|_| self.file.sync_data()) {
+            self.stopped = Some(format!("cannot sync {} ({e}); activations are recomputed", self.path.display()));
+        }
+        Ok(())
     }
 
     /// Sizes and counters.
@@ -326,6 +379,39 @@ mod tests {
 
     fn values(sample: u64) -> Vec<f32> {
         vec![sample as f32, -(sample as f32) * 0.5, 1.0 / (1.0 + sample as f32)]
+    }
+
+    #[test]
+    fn past_the_disk_budget_records_are_refused_and_the_cache_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, _) = ActivationCache::open(dir.path(), identity(), 24).unwrap();
+        // The header, then room for exactly two records on disk.
+        let record = RECORD_OVERHEAD + 12;
+        let budget = c.stats().disk_bytes + 2 * record;
+        let mut c = c.with_disk_budget(Some(budget));
+        for s in 0..6 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        let st = c.stats();
+        assert_eq!((st.memory_records, st.disk_records, st.refused), (2, 2, 2), "{st:?}");
+        assert_eq!(st.disk_bytes, budget);
+        let why = c.stopped().unwrap();
+        assert!(why.contains("disk budget") && why.contains(&budget.to_string()), "{why}");
+        // What was stored is served; what was refused is a miss, to be recomputed.
+        for s in 0..4 {
+            assert_eq!(c.get(key(s)).unwrap(), Some(values(s)));
+        }
+        assert_eq!(c.get(key(5)).unwrap(), None);
+        // Persisting writes nothing past the budget and does not fail.
+        c.persist().unwrap();
+        assert_eq!(c.stats().disk_bytes, budget);
+        // A new identity starts a new file, within the budget again.
+        c.invalidate(CacheIdentity { cut: 3, ..identity() }).unwrap();
+        assert_eq!(c.stopped(), None);
+        for s in 0..3 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        assert_eq!(c.stats().disk_records, 1);
     }
 
     #[test]

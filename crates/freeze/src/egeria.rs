@@ -64,11 +64,15 @@ pub struct CacheSettings {
     pub memory_budget: u64,
     /// The cache folder (None: `<run>/cache`).
     pub dir: Option<PathBuf>,
+    /// Bytes the cache file may grow to (None: no limit); past it, caching stops with
+    /// a logged decision and the run goes on.
+    #[serde(default)]
+    pub disk_budget: Option<u64>,
 }
 
 impl Default for CacheSettings {
     fn default() -> Self {
-        CacheSettings { enabled: true, memory_budget: 512 << 20, dir: None }
+        CacheSettings { enabled: true, memory_budget: 512 << 20, dir: None, disk_budget: None }
     }
 }
 
@@ -209,11 +213,12 @@ impl ActivationStore for SharedCache {
 fn describe(c: &ActivationCache) -> String {
     let s = c.stats();
     format!(
-        "cache {} in memory, {} on disk, {} hits, {} corrupt",
+        "cache {} in memory, {} on disk, {} hits, {} corrupt{}",
         bytes(s.memory_bytes),
         bytes(s.disk_bytes),
         s.hits,
-        s.corrupt
+        s.corrupt,
+        if s.refused > 0 { format!(", {} not cached (disk budget or full)", s.refused) } else { String::new() }
     )
 }
 
@@ -242,6 +247,8 @@ pub struct Freezer {
     cache: Option<SharedCache>,
     epoch: usize,
     switch_seconds: f64,
+    /// Whether the cache's refusal to take more records was logged.
+    stop_logged: bool,
 }
 
 fn train_err(e: impl std::fmt::Display) -> TrainError {
@@ -333,6 +340,7 @@ impl Freezer {
             cache: None,
             epoch: 1,
             switch_seconds: 0.0,
+            stop_logged: false,
         })
     }
 
@@ -394,6 +402,7 @@ impl Freezer {
                     None => {
                         let (cache, how) =
                             ActivationCache::open(&self.cache_dir, identity, self.settings.cache.memory_budget)?;
+                        let cache = cache.with_disk_budget(self.settings.cache.disk_budget);
                         let how = match how {
                             Reopened::Fresh => "new cache".to_string(),
                             Reopened::Reused(n) => format!("{n} records reused"),
@@ -553,6 +562,18 @@ impl edgefreeze_train::Controller for Freezer {
             Policy::Auto(_) => {
                 let d = self.auto_step(report, state).map_err(train_err)?;
                 decisions.extend(d);
+            }
+        }
+        if let Some(shared) = &self.cache {
+            let stopped =
+                shared.0.lock().map_err(|_| train_err("the activation cache is poisoned"))?.stopped().map(String::from);
+            match stopped {
+                Some(why) if !self.stop_logged => {
+                    self.stop_logged = true;
+                    decisions.push(self.decision(step, DecisionKind::CacheOff, None, Vec::new(), why));
+                }
+                Some(_) => {}
+                None => self.stop_logged = false,
             }
         }
         let mut switch = None;

@@ -78,7 +78,12 @@ fn losses(dir: &Path) -> Vec<f64> {
 fn schedule(points: Vec<(u64, usize)>, cache: bool, dir: Option<&Path>) -> FreezeSettings {
     FreezeSettings {
         plan: FreezePlan::Schedule { points },
-        cache: CacheSettings { enabled: cache, memory_budget: 64 << 10, dir: dir.map(Path::to_path_buf) },
+        cache: CacheSettings {
+            enabled: cache,
+            memory_budget: 64 << 10,
+            dir: dir.map(Path::to_path_buf),
+            disk_budget: None,
+        },
     }
 }
 
@@ -129,7 +134,7 @@ fn a_schedule_freezes_its_layers_and_the_cache_changes_no_number() {
 fn auto(knobs: Knobs) -> FreezeSettings {
     FreezeSettings {
         plan: FreezePlan::Auto { knobs, probe_batch: 16, reference_threads: 1 },
-        cache: CacheSettings { enabled: true, memory_budget: 32 << 10, dir: None },
+        cache: CacheSettings { enabled: true, memory_budget: 32 << 10, dir: None, disk_budget: None },
     }
 }
 
