@@ -130,9 +130,9 @@ fn run_depths(args: &BenchArgs, depths: &[usize], threads: usize, options: &Benc
                             format!("timing {} by frozen depth on {engine} at batch {batch}", path.display())
                         })?;
                 for t in &times {
-                    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.1}"));
+                    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2}"));
                     let row = format!(
-                        "| {model} | {engine} | {batch} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                        "| {model} | {engine} | {batch} | {} | {} | {:.2} | {:.2} | {} | {} |",
                         t.depth,
                         t.flops_after,
                         t.frozen_ms,

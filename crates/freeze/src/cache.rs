@@ -90,6 +90,12 @@ pub struct ActivationCache {
     identity: CacheIdentity,
     memory_budget: u64,
     memory: HashMap<CacheKey, Vec<f32>>,
+    /// Records read ahead from the file by [`ActivationCache::warm`], checked, waiting to
+    /// be served once (and dropped then).
+    staged: HashMap<CacheKey, Vec<f32>>,
+    /// The keys of the last read-ahead: kept staged through the next one, since the
+    /// prefetcher reads batch t + 1 while batch t, read before, is being looked up.
+    last_warmed: Vec<CacheKey>,
     /// Records held only in memory, not yet in the file.
     unsaved: Vec<CacheKey>,
     index: HashMap<CacheKey, u64>,
@@ -125,6 +131,8 @@ impl ActivationCache {
             identity,
             memory_budget,
             memory: HashMap::new(),
+            staged: HashMap::new(),
+            last_warmed: Vec::new(),
             unsaved: Vec::new(),
             index: HashMap::new(),
             file: file.try_clone().map_err(cache_io("open", &path))?,
@@ -223,6 +231,8 @@ impl ActivationCache {
     /// Empties the cache and starts a new file for the current identity.
     fn reset(&mut self) -> Result<()> {
         self.memory.clear();
+        self.staged.clear();
+        self.last_warmed.clear();
         self.unsaved.clear();
         self.index.clear();
         self.stopped = None;
@@ -253,8 +263,45 @@ impl ActivationCache {
             self.stats.hits += 1;
             return Ok(Some(v.clone()));
         }
+        if let Some(v) = self.staged.remove(&key) {
+            self.stats.hits += 1;
+            return Ok(Some(v));
+        }
+        match self.read_record(key)? {
+            Some(v) => {
+                self.stats.hits += 1;
+                Ok(Some(v))
+            }
+            None => {
+                self.stats.misses += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads ahead the records of `keys` that are only in the file, checking each, so
+    /// that [`ActivationCache::get`] serves them without touching the disk (what the
+    /// prefetch thread calls for the next batch). A damaged record is counted as corrupt
+    /// and forgotten here, as `get` would. Records staged by calls before the previous
+    /// one and not served are dropped, so at most two batches are held.
+    pub fn warm(&mut self, keys: &[CacheKey]) -> Result<()> {
+        let previous = std::mem::replace(&mut self.last_warmed, keys.to_vec());
+        self.staged.retain(|k, _| keys.contains(k) || previous.contains(k));
+        for &key in keys {
+            if self.memory.contains_key(&key) || self.staged.contains_key(&key) {
+                continue;
+            }
+            if let Some(v) = self.read_record(key)? {
+                self.staged.insert(key, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The record of `key` from the file, if indexed and intact; a damaged one is
+    /// counted as corrupt and forgotten.
+    fn read_record(&mut self, key: CacheKey) -> Result<Option<Vec<f32>>> {
         let Some(&at) = self.index.get(&key) else {
-            self.stats.misses += 1;
             return Ok(None);
         };
         let mut bytes = vec![0u8; self.record_len() as usize];
@@ -268,11 +315,9 @@ impl ActivationCache {
         if h.finish() != stored || (CacheKey { sample, augmentation }) != key {
             self.index.remove(&key);
             self.stats.corrupt += 1;
-            self.stats.misses += 1;
             self.stats.disk_records = self.index.len();
             return Ok(None);
         }
-        self.stats.hits += 1;
         Ok(Some(bytes[20..body].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()))
     }
 
@@ -293,6 +338,7 @@ impl ActivationCache {
                 self.stats.memory_records += 1;
             }
             self.index.remove(&key);
+            self.staged.remove(&key);
             self.unsaved.push(key);
             return Ok(());
         }
@@ -379,6 +425,36 @@ mod tests {
 
     fn values(sample: u64) -> Vec<f32> {
         vec![sample as f32, -(sample as f32) * 0.5, 1.0 / (1.0 + sample as f32)]
+    }
+
+    #[test]
+    fn records_read_ahead_are_served_once_and_checked_like_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing in memory: every record is in the file.
+        let (mut c, _) = ActivationCache::open(dir.path(), identity(), 0).unwrap();
+        for s in 0..4 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        // Damage record 2 on disk after it was written.
+        let path = c.path().to_path_buf();
+        let header = c.stats().disk_bytes - 4 * (RECORD_OVERHEAD + 12);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[(header + 2 * (RECORD_OVERHEAD + 12) + 20) as usize] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        c.warm(&[key(1), key(2), key(3), key(9)]).unwrap();
+        let st = c.stats();
+        assert_eq!((st.corrupt, st.hits, st.misses), (1, 0, 0), "reading ahead is no lookup: {st:?}");
+        // Staged records come back without the file: prove it by truncating it.
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        assert_eq!(c.get(key(1)).unwrap(), Some(values(1)));
+        assert_eq!(c.get(key(3)).unwrap(), Some(values(3)));
+        assert_eq!(c.get(key(2)).unwrap(), None, "a damaged record is never served");
+        // Record 0 was not read ahead, and a staged record is served once: both go to
+        // the (now empty) file, and fail there.
+        assert!(c.get(key(0)).is_err());
+        assert!(c.get(key(1)).is_err());
+        let st = c.stats();
+        assert_eq!((st.hits, st.corrupt), (2, 1), "{st:?}");
     }
 
     #[test]

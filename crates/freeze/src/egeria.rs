@@ -205,8 +205,71 @@ impl ActivationStore for SharedCache {
         let mut c = self.0.lock().map_err(|_| "the activation cache is poisoned".to_string())?;
         c.persist().map_err(|e| e.to_string())
     }
+    fn prefetch(&mut self, _: &[u64]) {
+        // Read-ahead is the prefetcher's ([`Prefetching`]); this handle is the freezer's.
+    }
     fn describe(&self) -> String {
         self.0.lock().map_or("poisoned".into(), |c| describe(&c))
+    }
+}
+
+/// The step runner's handle on the cache: lookups as [`SharedCache`], plus a thread that
+/// reads the next update's records from the spill file while the current step runs
+/// ([`ActivationCache::warm`]). It holds the cache's lock only while it reads, when the
+/// training thread is computing; a read error there is left for `get` to meet and report.
+struct Prefetching {
+    cache: SharedCache,
+    ahead: Option<std::sync::mpsc::SyncSender<Vec<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetching {
+    fn spawn(cache: SharedCache) -> Result<Prefetching> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u64>>(1);
+        let shared = cache.clone();
+        let thread = std::thread::Builder::new()
+            .name("edgefreeze-cache-prefetch".into())
+            .spawn(move || {
+                for samples in rx {
+                    let keys: Vec<CacheKey> =
+                        samples.iter().map(|&sample| CacheKey { sample, augmentation: 0 }).collect();
+                    let Ok(mut c) = shared.0.lock() else { return };
+                    // An error reading ahead is met again, and reported, by the lookup.
+                    let _ = c.warm(&keys);
+                }
+            })
+            .map_err(|e| FreezeError::Cache(format!("cannot start the prefetch thread: {e}")))?;
+        Ok(Prefetching { cache, ahead: Some(tx), thread: Some(thread) })
+    }
+}
+
+impl Drop for Prefetching {
+    fn drop(&mut self) {
+        self.ahead = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl ActivationStore for Prefetching {
+    fn get(&mut self, sample: u64) -> std::result::Result<Option<Vec<f32>>, String> {
+        self.cache.get(sample)
+    }
+    fn insert(&mut self, sample: u64, values: &[f32]) -> std::result::Result<(), String> {
+        self.cache.insert(sample, values)
+    }
+    fn persist(&mut self) -> std::result::Result<(), String> {
+        self.cache.persist()
+    }
+    fn prefetch(&mut self, samples: &[u64]) {
+        // The thread still reading the last batch: skip this one rather than wait.
+        if let Some(tx) = &self.ahead {
+            let _ = tx.try_send(samples.to_vec());
+        }
+    }
+    fn describe(&self) -> String {
+        self.cache.describe()
     }
 }
 
@@ -427,7 +490,7 @@ impl Freezer {
                         suffix: encode(Ok(suffix))?,
                         activation: activation_name().to_string(),
                         sample_shape,
-                        store: Box::new(self.cache.clone().expect("opened above")),
+                        store: Box::new(Prefetching::spawn(self.cache.clone().expect("opened above"))?),
                     },
                     observing: None,
                 }

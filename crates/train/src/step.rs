@@ -25,6 +25,10 @@ pub trait ActivationStore: Send {
     fn insert(&mut self, sample: u64, values: &[f32]) -> std::result::Result<(), String>;
     /// Makes everything stored so far survive the process (called before a checkpoint).
     fn persist(&mut self) -> std::result::Result<(), String>;
+    /// The samples of the next update, told before the current one runs, so a store can
+    /// read their activations ahead while the step computes. A hint only: `get` must
+    /// give the same answers whether or not it was called.
+    fn prefetch(&mut self, samples: &[u64]);
     /// Sizes and counters, in words, for logs.
     fn describe(&self) -> String;
 }
@@ -176,6 +180,13 @@ impl StepRunner {
         match &self.step {
             Loaded::Cached { store, .. } => Some(store.as_ref()),
             Loaded::Whole(_) => None,
+        }
+    }
+
+    /// Tells the activation store, if any, which samples the next update takes.
+    pub fn prefetch(&mut self, indices: &[usize]) {
+        if let Loaded::Cached { store, .. } = &mut self.step {
+            store.prefetch(&indices.iter().map(|&i| i as u64).collect::<Vec<_>>());
         }
     }
 

@@ -340,9 +340,14 @@ impl Trainer {
         let samples = self.train_indices();
         let augmentation = recipe.augmentation()?;
         let images = matches!(*self.data.train, Samples::Images { .. });
+        let order: Vec<usize> =
+            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect();
+        // Batch k of the loader holds order[k·b..(k+1)·b]: the next update's samples are
+        // known before it runs, for the activation store to read ahead.
+        let mut upcoming = order.chunks(recipe.batch.max(1)).skip(1);
         let loader = Loader::spawn(
             Arc::clone(&self.data.train),
-            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect(),
+            order.clone(),
             LoaderOptions {
                 batch_size: recipe.batch,
                 augmentation: (images && !augmentation.is_identity()).then_some(augmentation),
@@ -369,6 +374,9 @@ impl Trainer {
             let (input, labels) = batch_values(batch)?;
             let step = self.steps_done + 1;
             let scalars = StepScalars { lr, step, dropout_seed: dropout_seed(recipe.seed, self.steps_done) };
+            if let Some(next) = upcoming.next() {
+                self.runner.prefetch(next);
+            }
             let outputs = self.runner.step(&input, &labels, &indices, scalars, self.controller.observes(step))?;
             let (loss, correct) = (outputs.loss, outputs.correct);
             if !loss.is_finite() {
