@@ -167,11 +167,14 @@ def table(out):
           "speed-up to target (wall / CPU) | whole run wall s | whole run CPU s | froze (update: layer) |")
     print("|---|---|---|---:|---:|---|---|---:|---:|---|")
     for case in CASES:
-        for run in sorted(out.glob(f"{case}-*-s*")):
+        runs = []
+        for run in out.glob(f"{case}-*-s*"):
             if not run.is_dir() or not finished(run):
                 continue
             variant, seed = run.name[len(case) + 1:].rsplit("-s", 1)
-            print(row(case, variant, int(seed), out))
+            runs.append((int(seed), VARIANTS.index(variant), variant))
+        for seed, _, variant in sorted(runs):
+            print(row(case, variant, seed, out))
 
 
 def main():
