@@ -869,3 +869,27 @@ fn rebuild_request(model: &Model, snapshot: &Snapshot) -> Result<Request> {
         calibration: snapshot.calibration.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_batch_is_drawn_once_from_the_seed_out_of_the_runs_samples() {
+        // A limited run's training samples: every third index of the split.
+        let train: Vec<usize> = (0..300).map(|i| 3 * i).collect();
+        let a = probe_samples(&train, 32, 7);
+        assert_eq!(a.len(), 32);
+        assert!(a.iter().all(|i| train.contains(i)), "{a:?}");
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "sorted and distinct: {a:?}");
+        assert_eq!(a, probe_samples(&train, 32, 7), "the same seed draws the same samples");
+        assert_ne!(a, probe_samples(&train, 32, 8));
+        // Not the first batch of an epoch, nor the subset's own draw.
+        let mut first: Vec<usize> =
+            edgefreeze_data::epoch_order(train.len(), 7, 1).into_iter().take(32).map(|i| train[i]).collect();
+        first.sort_unstable();
+        assert_ne!(a, first);
+        // A probe batch larger than the run takes every sample.
+        assert_eq!(probe_samples(&train[..5], 32, 7), train[..5].to_vec());
+    }
+}
