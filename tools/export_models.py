@@ -171,6 +171,15 @@ def make_mobilenetv2_05() -> nn.Module:
     return mobilenet_v2(weights=None, width_mult=0.5, num_classes=10)
 
 
+def make_mobilenetv2_05_28() -> nn.Module:
+    """MobileNetV2 x0.5 for 1x28x28 (Fashion-MNIST): the stem convolution takes one
+    channel; 28x28 halves five times to 1x1 like 32x32 does."""
+    m = make_mobilenetv2_05()
+    stem = m.features[0][0]
+    m.features[0][0] = nn.Conv2d(1, stem.out_channels, stem.kernel_size, stem.stride, stem.padding, bias=False)
+    return m
+
+
 # Transformer text classifier -------------------------------------------------
 
 SEQ_LEN = 64
@@ -331,6 +340,10 @@ SPECS = [
          f"MobileNetV2 (Sandler et al. 2018), torchvision {torchvision.__version__.split('+')[0]} "
          "mobilenet_v2(width_mult=0.5, num_classes=10), for 3x32x32",
          (3, 32, 32), "float32", 10),
+    Spec("mobilenetv2_05_28", make_mobilenetv2_05_28,
+         f"MobileNetV2 (Sandler et al. 2018), torchvision {torchvision.__version__.split('+')[0]} "
+         "mobilenet_v2(width_mult=0.5, num_classes=10) with a 1-channel stem, for 1x28x28",
+         (1, 28, 28), "float32", 10),
     Spec("transformer_text", TransformerText,
          "Pre-LN Transformer encoder text classifier: vocab 4096, seq 64, d 64, 4 heads, FF 128 (GELU), "
          "2 layers, mean pool, 2 classes",

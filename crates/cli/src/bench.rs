@@ -43,6 +43,11 @@ pub struct BenchArgs {
     /// The ONNX Runtime library.
     #[arg(long)]
     pub ort_lib: Option<PathBuf>,
+    /// Instead of throughput: the training step at each of these frozen depths (and
+    /// the cached suffix step where the depth ends at a cut) next to the FLOP model's
+    /// prediction, e.g. `0,2,5,8,11`.
+    #[arg(long, value_delimiter = ',')]
+    pub freeze_depths: Option<Vec<usize>>,
     /// Results file (JSON); a Markdown table is written next to it (`.md`).
     #[arg(long, default_value = "bench-results.json")]
     pub out: PathBuf,
@@ -72,6 +77,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         min_steps: args.steps,
         min_time: Duration::from_secs_f64(args.min_seconds),
     };
+    if let Some(depths) = &args.freeze_depths {
+        return run_depths(args, depths, threads, &options);
+    }
     let mut ours: Vec<BenchResult> = Vec::new();
     for model in &args.models {
         let path = args.models_dir.join(format!("{model}.onnx"));
@@ -98,6 +106,50 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "pytorch": pytorch,
     });
     edgefreeze_graph::save::write_atomically(&args.out, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    edgefreeze_graph::save::write_atomically(&args.out.with_extension("md"), table.as_bytes())?;
+    eprintln!("wrote {} and {}", args.out.display(), args.out.with_extension("md").display());
+    Ok(())
+}
+
+/// `bench --freeze-depths`: step times per frozen depth against the FLOP model.
+fn run_depths(args: &BenchArgs, depths: &[usize], threads: usize, options: &BenchOptions) -> Result<()> {
+    let mut rows = vec![
+        "| model | engine | batch | frozen layers | forward FLOPs/sample behind them | frozen-prefix step ms | FLOP model ms | cached suffix step ms | FLOP model ms |".to_string(),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|".to_string(),
+    ];
+    let mut all = Vec::new();
+    for model in &args.models {
+        let path = args.models_dir.join(format!("{model}.onnx"));
+        let imported = edgefreeze_graph::import(&path)?;
+        for engine in &args.engines {
+            let (kind, engine_options) = engine_settings(engine, Some(threads), args.ort_lib.clone())?;
+            for &batch in &args.batches {
+                let times =
+                    edgefreeze_freeze::depths::step_times(&imported, &kind, &engine_options, batch, depths, options)
+                        .with_context(|| {
+                            format!("timing {} by frozen depth on {engine} at batch {batch}", path.display())
+                        })?;
+                for t in &times {
+                    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2}"));
+                    let row = format!(
+                        "| {model} | {engine} | {batch} | {} | {} | {:.2} | {:.2} | {} | {} |",
+                        t.depth,
+                        t.flops_after,
+                        t.frozen_ms,
+                        t.frozen_predicted_ms,
+                        opt(t.cached_ms),
+                        opt(t.cached_predicted_ms)
+                    );
+                    eprintln!("{row}");
+                    rows.push(row);
+                }
+                all.push(serde_json::json!({ "model": model, "engine": engine, "batch": batch, "threads": threads, "depths": times }));
+            }
+        }
+    }
+    let table = rows.join("\n") + "\n";
+    println!("{table}");
+    edgefreeze_graph::save::write_atomically(&args.out, serde_json::to_string_pretty(&all)?.as_bytes())?;
     edgefreeze_graph::save::write_atomically(&args.out.with_extension("md"), table.as_bytes())?;
     eprintln!("wrote {} and {}", args.out.display(), args.out.with_extension("md").display());
     Ok(())

@@ -64,7 +64,12 @@ pub struct TrainArgs {
     /// --freeze auto: depth to unfreeze back to on such a drop.
     #[arg(long, default_value_t = Knobs::default().unfreeze_to)]
     pub freeze_unfreeze_to: usize,
-    /// --freeze auto: samples of the batch the reference model sees per measurement.
+    /// --freeze auto: also require |slope| + Z × its standard error < TOL × mean (0: the
+    /// slope alone, as published).
+    #[arg(long, default_value_t = Knobs::default().confidence)]
+    pub freeze_confidence: f64,
+    /// --freeze auto: samples of the fixed probe batch (drawn once from the seed) that
+    /// plasticity is measured on.
     #[arg(long, default_value_t = 32)]
     pub freeze_probe_batch: usize,
     /// --freeze auto: threads of the reference model's engine.
@@ -76,6 +81,10 @@ pub struct TrainArgs {
     /// Bytes of cached activations kept in memory (the rest spills to disk), e.g. 512M.
     #[arg(long, default_value = "512M")]
     pub cache_memory: String,
+    /// Bytes the activation cache may use on disk, e.g. 2G (default: no limit). Past it
+    /// (or on a full disk) caching stops, the log says so, and the run goes on.
+    #[arg(long)]
+    pub cache_disk: Option<String>,
     /// Folder of the activation cache (default: <run>/cache).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
@@ -209,7 +218,7 @@ fn parse_freeze(text: &str) -> Result<FreezeArg> {
 }
 
 /// Parses a byte count: a number with an optional K, M or G suffix (powers of 1024).
-fn parse_bytes(text: &str) -> Result<u64> {
+fn parse_bytes(text: &str, flag: &str) -> Result<u64> {
     let t = text.trim();
     let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => t.split_at(i),
@@ -220,11 +229,10 @@ fn parse_bytes(text: &str) -> Result<u64> {
         "K" => 1 << 10,
         "M" => 1 << 20,
         "G" => 1 << 30,
-        _ => bail!("--cache-memory {text:?}: use a byte count such as 512M or 2G"),
+        _ => bail!("{flag} {text:?}: use a byte count such as 512M or 2G"),
     };
-    let n: u64 =
-        digits.parse().map_err(|_| anyhow::anyhow!("--cache-memory {text:?}: use a byte count such as 512M"))?;
-    n.checked_mul(scale).ok_or_else(|| anyhow::anyhow!("--cache-memory {text:?} is too large"))
+    let n: u64 = digits.parse().map_err(|_| anyhow::anyhow!("{flag} {text:?}: use a byte count such as 512M"))?;
+    n.checked_mul(scale).ok_or_else(|| anyhow::anyhow!("{flag} {text:?} is too large"))
 }
 
 /// The number of layers of a model file or converted folder.
@@ -248,6 +256,7 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
                 refresh: args.freeze_refresh,
                 lr_drop: args.freeze_lr_drop,
                 unfreeze_to: args.freeze_unfreeze_to,
+                confidence: args.freeze_confidence,
             },
             probe_batch: args.freeze_probe_batch,
             reference_threads: args.freeze_reference_threads,
@@ -259,8 +268,9 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
     }
     let cache = CacheSettings {
         enabled: !args.no_cache,
-        memory_budget: parse_bytes(&args.cache_memory)?,
+        memory_budget: parse_bytes(&args.cache_memory, "--cache-memory")?,
         dir: args.cache_dir.clone(),
+        disk_budget: args.cache_disk.as_deref().map(|t| parse_bytes(t, "--cache-disk")).transpose()?,
     };
     Ok(FreezeSettings { plan, cache })
 }

@@ -208,3 +208,23 @@ fn a_schedule_logs_its_decisions_and_a_foreign_cache_is_recomputed() {
     let again = edgefreeze(&["train", "--resume", second.to_str().unwrap(), "--freeze", "auto"]);
     assert!(text(&again).contains("a resumed run keeps its own"), "{}", text(&again));
 }
+
+#[test]
+fn a_cache_past_its_disk_budget_stops_with_a_logged_decision_and_the_run_goes_on() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // Nothing fits in memory and 8 KiB on disk: the header and one 4.6 KiB record of
+    // LeNet-5's first cut.
+    let out = train_lenet5(&run, &["--freeze", "schedule:4=1", "--cache-memory", "0", "--cache-disk", "8K"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains(r#""kind":"cache-off""#) && metrics.contains("disk budget of 8192 bytes"), "{metrics}");
+    assert!(std::fs::metadata(run.join("cache/activations.bin")).unwrap().len() <= 8192);
+    assert!(text(&out).contains("not cached"), "{}", text(&out));
+    let bad = train_lenet5(&dir.path().join("bad"), &["--freeze", "schedule:4=1", "--cache-disk", "lots"]);
+    assert!(!bad.status.success() && text(&bad).contains("--cache-disk \"lots\""), "{}", text(&bad));
+    assert!(!dir.path().join("bad").exists(), "a bad flag made the run folder");
+}

@@ -1,6 +1,8 @@
 //! The ONNX Runtime engine, loaded dynamically from the library of the PyPI wheel.
 
-use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, missing_input, missing_state};
+use crate::workspace::{
+    GraphId, StateUpdates, Workspace, check_updates, loaded, loaded_mut, missing_input, missing_state, unload,
+};
 use crate::{EngineError, EngineOptions, Provider, Session, Value};
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::IoBinding;
@@ -274,7 +276,8 @@ struct BoundGraph {
 pub struct OrtWorkspace {
     provider: Provider,
     options: EngineOptions,
-    graphs: Vec<BoundGraph>,
+    /// Indexed by [`GraphId`]; an unloaded graph leaves an empty slot.
+    graphs: Vec<Option<BoundGraph>>,
     store: HashMap<String, DynValue>,
 }
 
@@ -300,16 +303,26 @@ impl Workspace for OrtWorkspace {
         for name in &outputs {
             memory.push(self.memory(updates.state_of(name).is_some())?);
         }
-        self.graphs.push(BoundGraph { session, binding, inputs, outputs, memory, updates });
+        self.graphs.push(Some(BoundGraph { session, binding, inputs, outputs, memory, updates }));
         Ok(GraphId(self.graphs.len() - 1))
     }
 
     fn inputs(&self, graph: GraphId) -> &[String] {
-        &self.graphs[graph.0].inputs
+        loaded(&self.graphs, graph).map_or(&[], |g| &g.inputs)
     }
 
     fn outputs(&self, graph: GraphId) -> &[String] {
-        &self.graphs[graph.0].outputs
+        loaded(&self.graphs, graph).map_or(&[], |g| &g.outputs)
+    }
+
+    fn unload_graph(&mut self, graph: GraphId) -> Result<(), EngineError> {
+        // The session, its I/O binding and the output buffers bound to it go together;
+        // the store's values are the workspace's and stay.
+        unload(&mut self.graphs, graph)
+    }
+
+    fn loaded_graphs(&self) -> usize {
+        self.graphs.iter().flatten().count()
     }
 
     fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {
@@ -339,7 +352,7 @@ impl Workspace for OrtWorkspace {
     }
 
     fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError> {
-        let g = &mut self.graphs[graph.0];
+        let g = loaded_mut(&mut self.graphs, graph)?;
         for name in &g.inputs {
             match self.store.get(name) {
                 Some(v) => g.binding.bind_input(name.as_str(), v).map_err(ort_err)?,

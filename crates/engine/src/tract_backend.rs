@@ -1,6 +1,6 @@
 //! The tract engine: pure Rust, no native library.
 
-use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, missing_input, missing_state};
+use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, loaded, missing_input, missing_state, unload};
 use crate::{EngineError, EngineOptions, Session, Value};
 use std::collections::HashMap;
 use tract_linalg::multithread::{Executor, multithread_tract_scope};
@@ -69,7 +69,8 @@ impl TractSession {
 /// A [`Workspace`] on tract: state tensors are shared tract values, moved from one
 /// run's outputs to the next run's inputs without a copy.
 pub struct TractWorkspace {
-    graphs: Vec<(Compiled, StateUpdates)>,
+    /// Indexed by [`GraphId`]; an unloaded graph leaves an empty slot.
+    graphs: Vec<Option<(Compiled, StateUpdates)>>,
     store: HashMap<String, TValue>,
     executor: Executor,
 }
@@ -85,16 +86,24 @@ impl Workspace for TractWorkspace {
     fn load_graph(&mut self, model: &[u8], updates: StateUpdates) -> Result<GraphId, EngineError> {
         let compiled = compile(model)?;
         check_updates(&updates, &compiled.outputs)?;
-        self.graphs.push((compiled, updates));
+        self.graphs.push(Some((compiled, updates)));
         Ok(GraphId(self.graphs.len() - 1))
     }
 
     fn inputs(&self, graph: GraphId) -> &[String] {
-        &self.graphs[graph.0].0.inputs
+        loaded(&self.graphs, graph).map_or(&[], |g| &g.0.inputs)
     }
 
     fn outputs(&self, graph: GraphId) -> &[String] {
-        &self.graphs[graph.0].0.outputs
+        loaded(&self.graphs, graph).map_or(&[], |g| &g.0.outputs)
+    }
+
+    fn unload_graph(&mut self, graph: GraphId) -> Result<(), EngineError> {
+        unload(&mut self.graphs, graph)
+    }
+
+    fn loaded_graphs(&self) -> usize {
+        self.graphs.iter().flatten().count()
     }
 
     fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {
@@ -113,7 +122,7 @@ impl Workspace for TractWorkspace {
     }
 
     fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError> {
-        let (compiled, updates) = &self.graphs[graph.0];
+        let (compiled, updates) = loaded(&self.graphs, graph)?;
         let mut ordered = TVec::new();
         for name in &compiled.inputs {
             let value = match self.store.get(name) {

@@ -71,6 +71,31 @@ pub trait Workspace: Send {
     /// Runs a graph. `inputs` gives every input that is not in the store; returns the
     /// outputs that do not update the state, in graph order, with their names.
     fn run(&mut self, graph: GraphId, inputs: &[(&str, &Value)]) -> Result<Vec<(String, Value)>, EngineError>;
+    /// Frees a loaded graph (its compiled plan or session); the state store is untouched.
+    /// Its id is never given out again, so running it, or unloading it twice, is an
+    /// error; [`Workspace::inputs`] and [`Workspace::outputs`] of it are empty.
+    fn unload_graph(&mut self, graph: GraphId) -> Result<(), EngineError>;
+    /// Graphs loaded and not unloaded.
+    fn loaded_graphs(&self) -> usize;
+}
+
+/// The loaded graph `id` of a backend's table, or the error naming it.
+pub(crate) fn loaded<T>(graphs: &[Option<T>], id: GraphId) -> Result<&T, EngineError> {
+    graphs.get(id.0).and_then(Option::as_ref).ok_or_else(|| not_loaded(id))
+}
+
+/// [`loaded`], mutably.
+pub(crate) fn loaded_mut<T>(graphs: &mut [Option<T>], id: GraphId) -> Result<&mut T, EngineError> {
+    graphs.get_mut(id.0).and_then(Option::as_mut).ok_or_else(|| not_loaded(id))
+}
+
+/// Takes graph `id` out of a backend's table, leaving its slot empty.
+pub(crate) fn unload<T>(graphs: &mut [Option<T>], id: GraphId) -> Result<(), EngineError> {
+    graphs.get_mut(id.0).and_then(Option::take).map(drop).ok_or_else(|| not_loaded(id))
+}
+
+fn not_loaded(id: GraphId) -> EngineError {
+    EngineError::Config(format!("graph {} is not loaded in this workspace (never loaded, or unloaded)", id.0))
 }
 
 /// Creates an empty workspace on the chosen engine.

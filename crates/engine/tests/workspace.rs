@@ -97,3 +97,39 @@ fn only_states_with_an_updated_output_are_paired() {
     assert_eq!(updates.state_of("updated.w"), Some("w"));
     assert_eq!(updates.state_of("loss"), None);
 }
+
+#[test]
+fn an_unloaded_graph_is_freed_and_its_id_refused_while_the_state_stays() {
+    let bytes = stateful_graph();
+    let a = Value::F32(ArrayD::from_shape_vec(IxDyn(&[3, 3]), (0..9).map(|i| i as f32 * 0.1).collect()).unwrap());
+    let one = Value::scalar_i64(1);
+    for kind in [EngineKind::Tract, EngineKind::Ort(Provider::Cpu)] {
+        let mut ws = workspace(&kind, &EngineOptions { threads: Some(1), ..Default::default() }).unwrap();
+        let updates = || StateUpdates::by_prefix("updated.", ["w", "v", "count"]);
+        let first = ws.load_graph(&bytes, updates()).unwrap();
+        ws.set_state("w", Value::F32(ArrayD::from_elem(IxDyn(&[3, 2]), 0.5))).unwrap();
+        ws.set_state("v", Value::F32(ArrayD::from_elem(IxDyn(&[3, 3]), 2.0))).unwrap();
+        ws.set_state("count", Value::scalar_i64(0)).unwrap();
+        ws.run(first, &[("a", &a), ("one", &one)]).unwrap();
+        let second = ws.load_graph(&bytes, updates()).unwrap();
+        assert_eq!(ws.loaded_graphs(), 2, "{kind}");
+        let state_before = (ws.state("w").unwrap(), ws.state("count").unwrap());
+
+        ws.unload_graph(first).unwrap();
+        assert_eq!(ws.loaded_graphs(), 1, "{kind}");
+        // The store is untouched by the unload.
+        assert_eq!((ws.state("w").unwrap(), ws.state("count").unwrap()), state_before, "{kind}");
+        // The freed id is refused, never run as another graph; its names are empty.
+        let err = ws.run(first, &[("a", &a), ("one", &one)]).unwrap_err().to_string();
+        assert!(err.contains("not loaded"), "{kind}: {err}");
+        assert!(ws.unload_graph(first).unwrap_err().to_string().contains("not loaded"), "{kind}");
+        assert!(ws.inputs(first).is_empty() && ws.outputs(first).is_empty(), "{kind}");
+        // The other graph still runs on the kept state: the counter goes on from 1.
+        ws.run(second, &[("a", &a), ("one", &one)]).unwrap();
+        assert_eq!(ws.state("count").unwrap(), Value::I64(ArrayD::from_elem(IxDyn(&[]), 2)), "{kind}");
+        // A new graph gets a new id.
+        let third = ws.load_graph(&bytes, updates()).unwrap();
+        assert!(third != first && third != second, "{kind}");
+        assert_eq!(ws.loaded_graphs(), 2, "{kind}");
+    }
+}

@@ -66,6 +66,10 @@ pub struct CacheStats {
     pub misses: u64,
     /// Records found damaged (and recomputed by the caller).
     pub corrupt: u64,
+    /// Records not stored because the file reached its disk budget or could not be
+    /// written (recomputed by the caller each time they are needed).
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// Why an existing cache file was not reused.
@@ -86,11 +90,21 @@ pub struct ActivationCache {
     identity: CacheIdentity,
     memory_budget: u64,
     memory: HashMap<CacheKey, Vec<f32>>,
+    /// Records read ahead from the file by [`ActivationCache::warm`], checked, waiting to
+    /// be served once (and dropped then).
+    staged: HashMap<CacheKey, Vec<f32>>,
+    /// The keys of the last read-ahead: kept staged through the next one, since the
+    /// prefetcher reads batch t + 1 while batch t, read before, is being looked up.
+    last_warmed: Vec<CacheKey>,
     /// Records held only in memory, not yet in the file.
     unsaved: Vec<CacheKey>,
     index: HashMap<CacheKey, u64>,
     file: File,
     end: u64,
+    /// Bytes the file may grow to (u64::MAX: no budget).
+    disk_budget: u64,
+    /// Why records no longer go to the file, once they do not.
+    stopped: Option<String>,
     stats: CacheStats,
 }
 
@@ -117,10 +131,14 @@ impl ActivationCache {
             identity,
             memory_budget,
             memory: HashMap::new(),
+            staged: HashMap::new(),
+            last_warmed: Vec::new(),
             unsaved: Vec::new(),
             index: HashMap::new(),
             file: file.try_clone().map_err(cache_io("open", &path))?,
             end: 0,
+            disk_budget: u64::MAX,
+            stopped: None,
             stats: CacheStats::default(),
         };
         let reopened = if existed {
@@ -136,6 +154,20 @@ impl ActivationCache {
             Reopened::Fresh
         };
         Ok((cache, reopened))
+    }
+
+    /// Limits the file to `bytes` (None: no limit). Past it, records that do not fit in
+    /// memory are not stored, and [`ActivationCache::stopped`] says why; the run goes on
+    /// and recomputes them.
+    pub fn with_disk_budget(mut self, bytes: Option<u64>) -> ActivationCache {
+        self.disk_budget = bytes.unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Why the file takes no more records (its budget, or a failed write such as a full
+    /// disk), if it does not.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// The identity records are valid for.
@@ -199,8 +231,11 @@ impl ActivationCache {
     /// Empties the cache and starts a new file for the current identity.
     fn reset(&mut self) -> Result<()> {
         self.memory.clear();
+        self.staged.clear();
+        self.last_warmed.clear();
         self.unsaved.clear();
         self.index.clear();
+        self.stopped = None;
         let header = serde_json::to_vec(&self.identity).expect("identity serialises");
         let mut bytes = MAGIC.to_vec();
         bytes.extend((header.len() as u32).to_le_bytes());
@@ -228,8 +263,45 @@ impl ActivationCache {
             self.stats.hits += 1;
             return Ok(Some(v.clone()));
         }
+        if let Some(v) = self.staged.remove(&key) {
+            self.stats.hits += 1;
+            return Ok(Some(v));
+        }
+        match self.read_record(key)? {
+            Some(v) => {
+                self.stats.hits += 1;
+                Ok(Some(v))
+            }
+            None => {
+                self.stats.misses += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads ahead the records of `keys` that are only in the file, checking each, so
+    /// that [`ActivationCache::get`] serves them without touching the disk (what the
+    /// prefetch thread calls for the next batch). A damaged record is counted as corrupt
+    /// and forgotten here, as `get` would. Records staged by calls before the previous
+    /// one and not served are dropped, so at most two batches are held.
+    pub fn warm(&mut self, keys: &[CacheKey]) -> Result<()> {
+        let previous = std::mem::replace(&mut self.last_warmed, keys.to_vec());
+        self.staged.retain(|k, _| keys.contains(k) || previous.contains(k));
+        for &key in keys {
+            if self.memory.contains_key(&key) || self.staged.contains_key(&key) {
+                continue;
+            }
+            if let Some(v) = self.read_record(key)? {
+                self.staged.insert(key, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The record of `key` from the file, if indexed and intact; a damaged one is
+    /// counted as corrupt and forgotten.
+    fn read_record(&mut self, key: CacheKey) -> Result<Option<Vec<f32>>> {
         let Some(&at) = self.index.get(&key) else {
-            self.stats.misses += 1;
             return Ok(None);
         };
         let mut bytes = vec![0u8; self.record_len() as usize];
@@ -243,11 +315,9 @@ impl ActivationCache {
         if h.finish() != stored || (CacheKey { sample, augmentation }) != key {
             self.index.remove(&key);
             self.stats.corrupt += 1;
-            self.stats.misses += 1;
             self.stats.disk_records = self.index.len();
             return Ok(None);
         }
-        self.stats.hits += 1;
         Ok(Some(bytes[20..body].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()))
     }
 
@@ -268,13 +338,30 @@ impl ActivationCache {
                 self.stats.memory_records += 1;
             }
             self.index.remove(&key);
+            self.staged.remove(&key);
             self.unsaved.push(key);
             return Ok(());
         }
         self.write_record(key, values)
     }
 
+    /// Appends a record to the file; past the disk budget, or when the write fails (a
+    /// full disk), the record is refused and the file takes no more: the caller
+    /// recomputes such activations, and the run never fails for want of cache space.
     fn write_record(&mut self, key: CacheKey, values: &[f32]) -> Result<()> {
+        if self.stopped.is_some() {
+            self.stats.refused += 1;
+            return Ok(());
+        }
+        if self.end.saturating_add(self.record_len()) > self.disk_budget {
+            self.stopped = Some(format!(
+                "{} reached its disk budget of {} bytes; activations past it are recomputed",
+                self.path.display(),
+                self.disk_budget
+            ));
+            self.stats.refused += 1;
+            return Ok(());
+        }
         let mut bytes = Vec::with_capacity(self.record_len() as usize);
         bytes.extend(key.sample.to_le_bytes());
         bytes.extend(key.augmentation.to_le_bytes());
@@ -285,7 +372,15 @@ impl ActivationCache {
         let mut h = Fnv64::default();
         h.write(&bytes);
         bytes.extend(h.finish().to_le_bytes());
-        self.file.write_all_at(&bytes, self.end).map_err(cache_io("write", &self.path))?;
+        if let Err(e) = self.file.write_all_at(&bytes, self.end) {
+            // A part written is past `end`: never indexed, cut off when the file is scanned.
+            self.stopped = Some(format!(
+                "cannot write {} ({e}); activations not held in memory are recomputed",
+                self.path.display()
+            ));
+            self.stats.refused += 1;
+            return Ok(());
+        }
         self.index.insert(key, self.end);
         self.end += bytes.len() as u64;
         self.stats.disk_records = self.index.len();
@@ -302,8 +397,12 @@ impl ActivationCache {
                 self.write_record(key, &values)?;
             }
         }
-        self.file.flush().map_err(cache_io("write", &self.path))?;
-        self.file.sync_data().map_err(cache_io("sync", &self.path))
+        // A failed sync (a full disk) costs only the records: a resumed run finds a
+        // damaged tail or bad checksums, cuts them off and recomputes.
+        if let Err(e) = self.file.flush().and_then(|_| self.file.sync_data()) {
+            self.stopped = Some(format!("cannot sync {} ({e}); activations are recomputed", self.path.display()));
+        }
+        Ok(())
     }
 
     /// Sizes and counters.
@@ -326,6 +425,69 @@ mod tests {
 
     fn values(sample: u64) -> Vec<f32> {
         vec![sample as f32, -(sample as f32) * 0.5, 1.0 / (1.0 + sample as f32)]
+    }
+
+    #[test]
+    fn records_read_ahead_are_served_once_and_checked_like_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing in memory: every record is in the file.
+        let (mut c, _) = ActivationCache::open(dir.path(), identity(), 0).unwrap();
+        for s in 0..4 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        // Damage record 2 on disk after it was written.
+        let path = c.path().to_path_buf();
+        let header = c.stats().disk_bytes - 4 * (RECORD_OVERHEAD + 12);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[(header + 2 * (RECORD_OVERHEAD + 12) + 20) as usize] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        c.warm(&[key(1), key(2), key(3), key(9)]).unwrap();
+        let st = c.stats();
+        assert_eq!((st.corrupt, st.hits, st.misses), (1, 0, 0), "reading ahead is no lookup: {st:?}");
+        // Staged records come back without the file: prove it by truncating it.
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        assert_eq!(c.get(key(1)).unwrap(), Some(values(1)));
+        assert_eq!(c.get(key(3)).unwrap(), Some(values(3)));
+        assert_eq!(c.get(key(2)).unwrap(), None, "a damaged record is never served");
+        // Record 0 was not read ahead, and a staged record is served once: both go to
+        // the (now empty) file, and fail there.
+        assert!(c.get(key(0)).is_err());
+        assert!(c.get(key(1)).is_err());
+        let st = c.stats();
+        assert_eq!((st.hits, st.corrupt), (2, 1), "{st:?}");
+    }
+
+    #[test]
+    fn past_the_disk_budget_records_are_refused_and_the_cache_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, _) = ActivationCache::open(dir.path(), identity(), 24).unwrap();
+        // The header, then room for exactly two records on disk.
+        let record = RECORD_OVERHEAD + 12;
+        let budget = c.stats().disk_bytes + 2 * record;
+        let mut c = c.with_disk_budget(Some(budget));
+        for s in 0..6 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        let st = c.stats();
+        assert_eq!((st.memory_records, st.disk_records, st.refused), (2, 2, 2), "{st:?}");
+        assert_eq!(st.disk_bytes, budget);
+        let why = c.stopped().unwrap();
+        assert!(why.contains("disk budget") && why.contains(&budget.to_string()), "{why}");
+        // What was stored is served; what was refused is a miss, to be recomputed.
+        for s in 0..4 {
+            assert_eq!(c.get(key(s)).unwrap(), Some(values(s)));
+        }
+        assert_eq!(c.get(key(5)).unwrap(), None);
+        // Persisting writes nothing past the budget and does not fail.
+        c.persist().unwrap();
+        assert_eq!(c.stats().disk_bytes, budget);
+        // A new identity starts a new file, within the budget again.
+        c.invalidate(CacheIdentity { cut: 3, ..identity() }).unwrap();
+        assert_eq!(c.stopped(), None);
+        for s in 0..3 {
+            c.insert(key(s), &values(s)).unwrap();
+        }
+        assert_eq!(c.stats().disk_records, 1);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::cache::{ActivationCache, CacheIdentity, CacheKey, Reopened};
 use crate::controller::{Action, Controller as Logic, ControllerState, Knobs};
 use crate::error::{FreezeError, Result};
 use crate::hash::{Fnv64, fnv64};
-use crate::reference::{probe_name, with_parameters};
+use crate::reference::with_parameters;
 use crate::runner::{ReferenceRunner, Reply, Request};
 use edgefreeze_autodiff::artifacts::{files, parse_loss, parse_optimizer};
 use edgefreeze_engine::{EngineKind, EngineOptions, Value};
@@ -27,7 +27,6 @@ use edgefreeze_train::control::{Opening, Saved, StateView, StepReport};
 use edgefreeze_train::metrics::{Decision, DecisionKind};
 use edgefreeze_train::step::{ActivationStore, GraphSet, StepGraphs};
 use edgefreeze_train::{Outcome, TrainError};
-use ndarray::{Axis, Slice};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -65,11 +64,15 @@ pub struct CacheSettings {
     pub memory_budget: u64,
     /// The cache folder (None: `<run>/cache`).
     pub dir: Option<PathBuf>,
+    /// Bytes the cache file may grow to (None: no limit); past it, caching stops with
+    /// a logged decision and the run goes on.
+    #[serde(default)]
+    pub disk_budget: Option<u64>,
 }
 
 impl Default for CacheSettings {
     fn default() -> Self {
-        CacheSettings { enabled: true, memory_budget: 512 << 20, dir: None }
+        CacheSettings { enabled: true, memory_budget: 512 << 20, dir: None, disk_budget: None }
     }
 }
 
@@ -148,6 +151,10 @@ struct SavedState {
     reference_step: Option<u64>,
     /// Names of the saved reference tensors, in order.
     reference_names: Vec<String>,
+    /// The training samples of the fixed probe batch (none in checkpoints written
+    /// before the probe batch was fixed).
+    #[serde(default)]
+    probe_samples: Vec<usize>,
 }
 
 const REFERENCE_PREFIX: &str = "reference/";
@@ -166,6 +173,10 @@ struct Auto {
     pending: Vec<Pending>,
     snapshot: Option<Snapshot>,
     probe_batch: usize,
+    /// The fixed probe batch: its training samples, drawn once from the seed, and their
+    /// inputs. Every measurement runs these same samples.
+    probe_samples: Vec<usize>,
+    probe_input: Option<Value>,
     waited: f64,
     probes: u64,
     rebuilds: u64,
@@ -194,19 +205,83 @@ impl ActivationStore for SharedCache {
         let mut c = self.0.lock().map_err(|_| "the activation cache is poisoned".to_string())?;
         c.persist().map_err(|e| e.to_string())
     }
+    fn prefetch(&mut self, _: &[u64]) {
+        // Read-ahead is the prefetcher's ([`Prefetching`]); this handle is the freezer's.
+    }
     fn describe(&self) -> String {
         self.0.lock().map_or("poisoned".into(), |c| describe(&c))
+    }
+}
+
+/// The step runner's handle on the cache: lookups as [`SharedCache`], plus a thread that
+/// reads the next update's records from the spill file while the current step runs
+/// ([`ActivationCache::warm`]). It holds the cache's lock only while it reads, when the
+/// training thread is computing; a read error there is left for `get` to meet and report.
+struct Prefetching {
+    cache: SharedCache,
+    ahead: Option<std::sync::mpsc::SyncSender<Vec<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetching {
+    fn spawn(cache: SharedCache) -> Result<Prefetching> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u64>>(1);
+        let shared = cache.clone();
+        let thread = std::thread::Builder::new()
+            .name("edgefreeze-cache-prefetch".into())
+            .spawn(move || {
+                for samples in rx {
+                    let keys: Vec<CacheKey> =
+                        samples.iter().map(|&sample| CacheKey { sample, augmentation: 0 }).collect();
+                    let Ok(mut c) = shared.0.lock() else { return };
+                    // An error reading ahead is met again, and reported, by the lookup.
+                    let _ = c.warm(&keys);
+                }
+            })
+            .map_err(|e| FreezeError::Cache(format!("cannot start the prefetch thread: {e}")))?;
+        Ok(Prefetching { cache, ahead: Some(tx), thread: Some(thread) })
+    }
+}
+
+impl Drop for Prefetching {
+    fn drop(&mut self) {
+        self.ahead = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl ActivationStore for Prefetching {
+    fn get(&mut self, sample: u64) -> std::result::Result<Option<Vec<f32>>, String> {
+        self.cache.get(sample)
+    }
+    fn insert(&mut self, sample: u64, values: &[f32]) -> std::result::Result<(), String> {
+        self.cache.insert(sample, values)
+    }
+    fn persist(&mut self) -> std::result::Result<(), String> {
+        self.cache.persist()
+    }
+    fn prefetch(&mut self, samples: &[u64]) {
+        // The thread still reading the last batch: skip this one rather than wait.
+        if let Some(tx) = &self.ahead {
+            let _ = tx.try_send(samples.to_vec());
+        }
+    }
+    fn describe(&self) -> String {
+        self.cache.describe()
     }
 }
 
 fn describe(c: &ActivationCache) -> String {
     let s = c.stats();
     format!(
-        "cache {} in memory, {} on disk, {} hits, {} corrupt",
+        "cache {} in memory, {} on disk, {} hits, {} corrupt{}",
         bytes(s.memory_bytes),
         bytes(s.disk_bytes),
         s.hits,
-        s.corrupt
+        s.corrupt,
+        if s.refused > 0 { format!(", {} not cached (disk budget or full)", s.refused) } else { String::new() }
     )
 }
 
@@ -235,6 +310,8 @@ pub struct Freezer {
     cache: Option<SharedCache>,
     epoch: usize,
     switch_seconds: f64,
+    /// Whether the cache's refusal to take more records was logged.
+    stop_logged: bool,
 }
 
 fn train_err(e: impl std::fmt::Display) -> TrainError {
@@ -290,6 +367,8 @@ impl Freezer {
                     pending: Vec::new(),
                     snapshot: None,
                     probe_batch: *probe_batch,
+                    probe_samples: Vec::new(),
+                    probe_input: None,
                     waited: 0.0,
                     probes: 0,
                     rebuilds: 0,
@@ -324,6 +403,7 @@ impl Freezer {
             cache: None,
             epoch: 1,
             switch_seconds: 0.0,
+            stop_logged: false,
         })
     }
 
@@ -342,10 +422,6 @@ impl Freezer {
     fn graphs(&mut self, step: u64, state: &dyn StateView) -> Result<(GraphSet, Vec<Decision>)> {
         let start = Instant::now();
         let depth = self.depth;
-        let probes: Vec<usize> = match &self.policy {
-            Policy::Auto(a) if depth < a.logic.max_depth() => vec![depth],
-            _ => Vec::new(),
-        };
         let cut = depth.checked_sub(1).filter(|c| self.analysis.cuts.iter().any(|k| k.after_layer == *c));
         let mut decisions = Vec::new();
         let set = match (cut, &self.no_cache) {
@@ -389,6 +465,7 @@ impl Freezer {
                     None => {
                         let (cache, how) =
                             ActivationCache::open(&self.cache_dir, identity, self.settings.cache.memory_budget)?;
+                        let cache = cache.with_disk_budget(self.settings.cache.disk_budget);
                         let how = match how {
                             Reopened::Fresh => "new cache".to_string(),
                             Reopened::Reused(n) => format!("{n} records reused"),
@@ -406,11 +483,6 @@ impl Freezer {
                     }
                 };
                 decisions.push(self.decision(step, DecisionKind::CacheOn, Some(c), Vec::new(), reason));
-                let observing = if probes.is_empty() {
-                    None
-                } else {
-                    Some(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?)
-                };
                 GraphSet {
                     label: format!("layers 0..{depth} frozen, cached after layer {c}"),
                     step: StepGraphs::Cached {
@@ -418,9 +490,9 @@ impl Freezer {
                         suffix: encode(Ok(suffix))?,
                         activation: activation_name().to_string(),
                         sample_shape,
-                        store: Box::new(self.cache.clone().expect("opened above")),
+                        store: Box::new(Prefetching::spawn(self.cache.clone().expect("opened above"))?),
                     },
-                    observing,
+                    observing: None,
                 }
             }
             (cut, no_cache) => {
@@ -444,7 +516,7 @@ impl Freezer {
                 }
                 GraphSet {
                     label: format!("layers 0..{depth} frozen"),
-                    step: StepGraphs::Whole(encode(frozen_prefix_step(&self.model, &self.spec, depth, &probes))?),
+                    step: StepGraphs::Whole(encode(frozen_prefix_step(&self.model, &self.spec, depth, &[]))?),
                     observing: None,
                 }
             }
@@ -472,17 +544,6 @@ pub fn check_writable(dir: &Path) -> Result<()> {
     std::fs::remove_file(&probe).map_err(crate::error::cache_io("write into the cache folder", dir))
 }
 
-/// The first `n` samples of a batch.
-fn head(v: &Value, n: usize) -> Result<Value> {
-    let take = |len: usize| Slice::from(0..n.min(len));
-    Ok(match v {
-        Value::F32(a) => Value::F32(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::I64(a) => Value::I64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::F64(a) => Value::F64(a.slice_axis(Axis(0), take(a.shape()[0])).to_owned()),
-        Value::Bool(_) => return Err(FreezeError::Reference("a boolean batch cannot be probed".into())),
-    })
-}
-
 impl edgefreeze_train::Controller for Freezer {
     fn open(&mut self, opening: Opening<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
         self.epoch = opening.epoch + 1;
@@ -501,6 +562,7 @@ impl edgefreeze_train::Controller for Freezer {
                     .map_err(train_err)?;
                     a.logic = logic;
                     a.pending = s.pending;
+                    a.probe_samples = s.probe_samples;
                     if let Some(step) = s.reference_step {
                         let find = |n: &str| saved.tensors.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
                         let mut values = Vec::new();
@@ -529,6 +591,12 @@ impl edgefreeze_train::Controller for Freezer {
                 }
             }
         }
+        if let Policy::Auto(a) = &mut self.policy {
+            if a.probe_samples.is_empty() {
+                a.probe_samples = probe_samples(opening.train_indices, a.probe_batch, opening.seed);
+            }
+            a.probe_input = Some((opening.samples)(&a.probe_samples)?);
+        }
         let (set, more) = self.graphs(opening.step, state).map_err(train_err)?;
         // A resumed run already logged the cache decision of its depth.
         if opening.step == 0 {
@@ -537,8 +605,10 @@ impl edgefreeze_train::Controller for Freezer {
         Ok(Outcome { switch: Some(set), decisions })
     }
 
-    fn observes(&self, step: u64) -> bool {
-        matches!(&self.policy, Policy::Auto(a) if a.logic.probe_due(step).is_some())
+    fn observes(&self, _: u64) -> bool {
+        // Plasticity is measured on the fixed probe batch by the reference runner, not
+        // on the training batch: no update needs the probe outputs.
+        false
     }
 
     fn after_step(&mut self, report: &StepReport<'_>, state: &dyn StateView) -> edgefreeze_train::Result<Outcome> {
@@ -555,6 +625,18 @@ impl edgefreeze_train::Controller for Freezer {
             Policy::Auto(_) => {
                 let d = self.auto_step(report, state).map_err(train_err)?;
                 decisions.extend(d);
+            }
+        }
+        if let Some(shared) = &self.cache {
+            let stopped =
+                shared.0.lock().map_err(|_| train_err("the activation cache is poisoned"))?.stopped().map(String::from);
+            match stopped {
+                Some(why) if !self.stop_logged => {
+                    self.stop_logged = true;
+                    decisions.push(self.decision(step, DecisionKind::CacheOff, None, Vec::new(), why));
+                }
+                Some(_) => {}
+                None => self.stop_logged = false,
             }
         }
         let mut switch = None;
@@ -609,6 +691,7 @@ impl edgefreeze_train::Controller for Freezer {
             pending: a.pending.clone(),
             reference_step,
             reference_names,
+            probe_samples: a.probe_samples.clone(),
         };
         Ok(Some(Saved { json: serde_json::to_value(state).expect("serialises"), tensors }))
     }
@@ -685,11 +768,8 @@ impl Freezer {
             }
             actions.extend(a.logic.observe(p.step, p.layer, sp));
         }
-        if let Some(layer) = a.logic.probe_due(step)
-            && let Some((_, train)) = report.outputs.iter().find(|(n, _)| *n == probe_name(layer))
-        {
-            let n = a.probe_batch.min(report.input.shape()[0]);
-            let input = head(report.input, n)?;
+        if let Some(layer) = a.logic.probe_due(step) {
+            let input = a.probe_input.clone().ok_or_else(|| FreezeError::Reference("no probe batch".into()))?;
             let start = Instant::now();
             if let Some(Action::RebuildReference { reason }) = a.logic.reference_due(step) {
                 let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
@@ -699,8 +779,8 @@ impl Freezer {
                 a.rebuilds += 1;
                 actions.push(Action::RebuildReference { reason });
             }
-            let train: Vec<f32> = head(train, n)?.as_f32().map(|t| t.iter().copied().collect()).unwrap_or_default();
-            a.runner.send(Request::Probe { step, layer, input, train })?;
+            let parameters = live_values(&self.model, &self.state_names, state)?;
+            a.runner.send(Request::Measure { step, layer, parameters })?;
             a.waited += start.elapsed().as_secs_f64();
             a.pending.push(Pending { step, layer, apply_at: step + lag, sp: None });
             a.probes += 1;
@@ -743,7 +823,17 @@ impl Freezer {
     }
 }
 
-/// Copies the live parameters and statistics the inference model holds.
+/// Copies the live parameters and statistics the inference model holds, in its
+/// initializers' order.
+fn live_values(model: &Model, state_names: &HashSet<String>, state: &dyn StateView) -> Result<Vec<(String, Value)>> {
+    let mut values = Vec::new();
+    for name in model.graph.initializers.keys().filter(|n| state_names.contains(*n)) {
+        values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
+    }
+    Ok(values)
+}
+
+/// The live parameters and the probe batch a reference model is built from.
 fn snapshot(
     model: &Model,
     state_names: &HashSet<String>,
@@ -751,11 +841,18 @@ fn snapshot(
     input: &Value,
     state: &dyn StateView,
 ) -> Result<Snapshot> {
-    let mut values = Vec::new();
-    for name in model.graph.initializers.keys().filter(|n| state_names.contains(*n)) {
-        values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
-    }
-    Ok(Snapshot { step, values, calibration: input.clone() })
+    Ok(Snapshot { step, values: live_values(model, state_names, state)?, calibration: input.clone() })
+}
+
+/// The fixed probe batch: `n` of the run's training samples, drawn once from the seed
+/// (a draw of its own, not the first batch of an epoch), in increasing order.
+pub fn probe_samples(train: &[usize], n: usize, seed: u64) -> Vec<usize> {
+    // The subset of a limited run is drawn with the tag u64::MAX; this one differs.
+    const TAG: u64 = u64::MAX - 1;
+    let mut picked: Vec<usize> =
+        edgefreeze_data::epoch_order(train.len(), seed, TAG).into_iter().take(n).map(|i| train[i]).collect();
+    picked.sort_unstable();
+    picked
 }
 
 /// The request that builds the reference model of a snapshot.
@@ -771,4 +868,28 @@ fn rebuild_request(model: &Model, snapshot: &Snapshot) -> Result<Request> {
         model: Box::new(with_parameters(model, &tensors)?),
         calibration: snapshot.calibration.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_batch_is_drawn_once_from_the_seed_out_of_the_runs_samples() {
+        // A limited run's training samples: every third index of the split.
+        let train: Vec<usize> = (0..300).map(|i| 3 * i).collect();
+        let a = probe_samples(&train, 32, 7);
+        assert_eq!(a.len(), 32);
+        assert!(a.iter().all(|i| train.contains(i)), "{a:?}");
+        assert!(a.windows(2).all(|w| w[0] < w[1]), "sorted and distinct: {a:?}");
+        assert_eq!(a, probe_samples(&train, 32, 7), "the same seed draws the same samples");
+        assert_ne!(a, probe_samples(&train, 32, 8));
+        // Not the first batch of an epoch, nor the subset's own draw.
+        let mut first: Vec<usize> =
+            edgefreeze_data::epoch_order(train.len(), 7, 1).into_iter().take(32).map(|i| train[i]).collect();
+        first.sort_unstable();
+        assert_ne!(a, first);
+        // A probe batch larger than the run takes every sample.
+        assert_eq!(probe_samples(&train[..5], 32, 7), train[..5].to_vec());
+    }
 }

@@ -13,12 +13,15 @@
 //! - [`runner`]: that model on its own thread and engine, fed through a bounded queue;
 //! - [`cache`]: the frozen prefix's output per sample, in memory and spilled to a
 //!   checksummed file;
+//! - [`depths`]: the training step at each frozen depth against the FLOP model's
+//!   prediction (`edgefreeze bench --freeze-depths`);
 //! - [`egeria`]: all of it as a controller of the trainer (`--freeze auto`, and the
 //!   fixed-schedule baseline), switching to the `rewrite` crate's frozen-prefix and
 //!   cached prefix/suffix graphs in place.
 
 pub mod cache;
 pub mod controller;
+pub mod depths;
 pub mod egeria;
 mod error;
 pub mod hash;

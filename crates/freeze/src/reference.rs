@@ -15,7 +15,7 @@
 
 use crate::error::{FreezeError, Result};
 use edgefreeze_graph::analysis::Analysis;
-use edgefreeze_graph::ir::{Attribute, Model, Node, ValueInfo};
+use edgefreeze_graph::ir::{Attribute, Model, Node, ValueInfo, fixed_shape};
 use edgefreeze_graph::{DataType, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -273,6 +273,21 @@ pub fn reference_model(
 pub fn probe_model(model: &Model, analysis: &Analysis, probes: &[usize]) -> Result<Model> {
     let mut out = model.clone();
     expose_layers(&mut out, model, analysis, probes)?;
+    Ok(out)
+}
+
+/// The float model with the initializers named in `parameters` turned into graph inputs
+/// (after the data input, in the given order) and the output of each layer in `probes`
+/// exposed: one loaded session measures the training model's activations at any
+/// parameters, without reloading the graph each time. Each name must be an initializer.
+pub fn live_probe_model(model: &Model, analysis: &Analysis, parameters: &[String], probes: &[usize]) -> Result<Model> {
+    let mut out = probe_model(model, analysis, probes)?;
+    for name in parameters {
+        let t = out.graph.initializers.shift_remove(name).ok_or_else(|| {
+            FreezeError::Reference(format!("the model has no initializer {name:?} to take as an input"))
+        })?;
+        out.graph.inputs.push(ValueInfo::new(name.clone(), t.dtype(), fixed_shape(t.dims())));
+    }
     Ok(out)
 }
 

@@ -7,7 +7,7 @@
 //! parameters out. Each reply carries the seconds the runner spent on it: its overhead.
 
 use crate::error::{FreezeError, Result};
-use crate::reference::{calibration_model, calibration_output, probe_name, ranges, reference_model};
+use crate::reference::{calibration_model, calibration_output, live_probe_model, probe_name, ranges, reference_model};
 use crate::sp::sp_loss;
 use edgefreeze_engine::{EngineKind, EngineOptions, Session, Value};
 use edgefreeze_graph::analysis::Analysis;
@@ -27,6 +27,20 @@ pub enum Request {
         model: Box<Model>,
         /// A batch to calibrate on.
         calibration: Value,
+    },
+    /// Measure the plasticity of `layer` on the fixed probe batch (the calibration
+    /// batch of the last rebuild): the runner runs the float model at `parameters` (the
+    /// live values, copied after update `step`) and compares its activation after
+    /// `layer` with the reference model's on the same samples, by the SP loss. The same
+    /// samples at every measurement: the values differ only because the model moved.
+    Measure {
+        /// The update after which the parameters were copied.
+        step: u64,
+        /// The layer whose output is compared.
+        layer: usize,
+        /// The live parameters and statistics the float model runs with (the same
+        /// names at every measurement).
+        parameters: Vec<(String, Value)>,
     },
     /// Measure the plasticity of `layer` on a batch: the SP loss between the training
     /// model's activation and the reference model's.
@@ -176,6 +190,21 @@ impl Drop for ReferenceRunner {
     }
 }
 
+/// What the runner holds between requests.
+#[derive(Default)]
+struct Held {
+    /// The reference model's session and its data input's name.
+    reference: Option<(Box<dyn Session>, String)>,
+    /// The float model of the last rebuild (its parameters are replaced per measurement).
+    float: Option<Model>,
+    /// The probe batch (the last calibration batch) and the reference's activations on
+    /// it, per probed layer: computed once per rebuild, since neither changes until then.
+    batch: Option<Value>,
+    reference_outputs: Vec<(usize, Vec<f32>)>,
+    /// The float model with its parameters as inputs, and those inputs' names.
+    live: Option<(Box<dyn Session>, Vec<String>)>,
+}
+
 fn serve(
     engine: EngineKind,
     options: EngineOptions,
@@ -184,20 +213,32 @@ fn serve(
     requests: Receiver<Request>,
     replies: SyncSender<Reply>,
 ) {
-    let mut session: Option<(Box<dyn Session>, String)> = None;
+    let mut held = Held::default();
     for request in requests {
         let start = Instant::now();
         let reply = match request {
             Request::Rebuild { step, model, calibration } => {
                 match rebuild(&engine, &options, &analysis, &probes, &model, &calibration) {
-                    Ok((s, nodes)) => {
-                        session = Some((s, model.graph.inputs[0].name.clone()));
+                    Ok((s, nodes, outputs)) => {
+                        held.reference = Some((s, model.graph.inputs[0].name.clone()));
+                        held.float = Some(*model);
+                        held.batch = Some(calibration);
+                        held.reference_outputs = outputs;
                         Reply::Rebuilt { step, nodes, seconds: start.elapsed().as_secs_f64() }
                     }
+                    Err(e) => {
+                        held = Held::default();
+                        Reply::Failed { step, message: e.to_string() }
+                    }
+                }
+            }
+            Request::Measure { step, layer, parameters } => {
+                match measure(&engine, &options, &analysis, &probes, &mut held, layer, &parameters) {
+                    Ok(sp) => Reply::Plasticity { step, layer, sp, seconds: start.elapsed().as_secs_f64() },
                     Err(e) => Reply::Failed { step, message: e.to_string() },
                 }
             }
-            Request::Probe { step, layer, input, train } => match session.as_mut() {
+            Request::Probe { step, layer, input, train } => match held.reference.as_mut() {
                 None => Reply::Failed { step, message: "no reference model built yet".into() },
                 Some((s, name)) => match probe(s.as_mut(), name, layer, &input, &train) {
                     Ok(sp) => Reply::Plasticity { step, layer, sp, seconds: start.elapsed().as_secs_f64() },
@@ -211,11 +252,52 @@ fn serve(
     }
 }
 
+/// SP of `layer` between the float model at `parameters` and the reference, both on
+/// the probe batch.
+fn measure(
+    engine: &EngineKind,
+    options: &EngineOptions,
+    analysis: &Analysis,
+    probes: &[usize],
+    held: &mut Held,
+    layer: usize,
+    parameters: &[(String, Value)],
+) -> Result<f64> {
+    let (Some(model), Some(batch)) = (&held.float, &held.batch) else {
+        return Err(FreezeError::Reference("no reference model built yet".into()));
+    };
+    let reference = held
+        .reference_outputs
+        .iter()
+        .find(|(l, _)| *l == layer)
+        .map(|(_, v)| v)
+        .ok_or_else(|| FreezeError::Reference(format!("the reference model does not expose layer {layer}")))?;
+    let names: Vec<String> = parameters.iter().map(|(n, _)| n.clone()).collect();
+    if held.live.as_ref().is_none_or(|(_, n)| *n != names) {
+        let live = live_probe_model(model, analysis, &names, probes)?;
+        let session = edgefreeze_engine::load(engine, &edgefreeze_graph::save::encode_model(&live), options)?;
+        held.live = Some((session, names));
+    }
+    let (session, _) = held.live.as_mut().expect("loaded above");
+    let input = model.graph.inputs.first().ok_or_else(|| FreezeError::Reference("the model has no input".into()))?;
+    let mut feeds: Vec<(&str, &Value)> = vec![(input.name.as_str(), batch)];
+    feeds.extend(parameters.iter().map(|(n, v)| (n.as_str(), v)));
+    let outputs = session.run(&feeds)?;
+    let name = probe_name(layer);
+    let i = session.output_names().iter().position(|o| *o == name).expect("every probed layer is exposed");
+    let train = flatten(&name, &outputs[i])?;
+    sp_loss(&train, reference, batch.shape().first().copied().unwrap_or(0))
+}
+
 fn flatten(name: &str, v: &Value) -> Result<Vec<f32>> {
     v.as_f32()
         .map(|a| a.iter().copied().collect())
         .ok_or_else(|| FreezeError::Reference(format!("output {name:?} is not f32")))
 }
+
+/// A rebuilt reference: its session, its node count, and its activations on the
+/// calibration batch per probed layer.
+type Rebuilt = (Box<dyn Session>, usize, Vec<(usize, Vec<f32>)>);
 
 fn rebuild(
     engine: &EngineKind,
@@ -224,7 +306,7 @@ fn rebuild(
     probes: &[usize],
     model: &Model,
     calibration: &Value,
-) -> Result<(Box<dyn Session>, usize)> {
+) -> Result<Rebuilt> {
     let input =
         &model.graph.inputs.first().ok_or_else(|| FreezeError::Reference("the model has no input".into()))?.name;
     let (calibrate, names) = calibration_model(model)?;
@@ -239,7 +321,16 @@ fn rebuild(
     let slices: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
     let reference = reference_model(model, analysis, &ranges(&names, &slices), probes)?;
     let nodes = reference.graph.nodes.len();
-    Ok((edgefreeze_engine::load(engine, &edgefreeze_graph::save::encode_model(&reference), options)?, nodes))
+    let mut session = edgefreeze_engine::load(engine, &edgefreeze_graph::save::encode_model(&reference), options)?;
+    // Its activations on the calibration batch, which is also the probe batch.
+    let outputs = session.run(&[(input.as_str(), calibration)])?;
+    let mut on_batch = Vec::new();
+    for &l in probes {
+        let name = probe_name(l);
+        let i = session.output_names().iter().position(|o| *o == name).expect("every probed layer is exposed");
+        on_batch.push((l, flatten(&name, &outputs[i])?));
+    }
+    Ok((session, nodes, on_batch))
 }
 
 fn probe(s: &mut dyn Session, input: &str, layer: usize, batch: &Value, train: &[f32]) -> Result<f64> {

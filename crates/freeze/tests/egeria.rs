@@ -78,7 +78,12 @@ fn losses(dir: &Path) -> Vec<f64> {
 fn schedule(points: Vec<(u64, usize)>, cache: bool, dir: Option<&Path>) -> FreezeSettings {
     FreezeSettings {
         plan: FreezePlan::Schedule { points },
-        cache: CacheSettings { enabled: cache, memory_budget: 64 << 10, dir: dir.map(Path::to_path_buf) },
+        cache: CacheSettings {
+            enabled: cache,
+            memory_budget: 64 << 10,
+            dir: dir.map(Path::to_path_buf),
+            disk_budget: None,
+        },
     }
 }
 
@@ -129,7 +134,7 @@ fn a_schedule_freezes_its_layers_and_the_cache_changes_no_number() {
 fn auto(knobs: Knobs) -> FreezeSettings {
     FreezeSettings {
         plan: FreezePlan::Auto { knobs, probe_batch: 16, reference_threads: 1 },
-        cache: CacheSettings { enabled: true, memory_budget: 32 << 10, dir: None },
+        cache: CacheSettings { enabled: true, memory_budget: 32 << 10, dir: None, disk_budget: None },
     }
 }
 
@@ -138,7 +143,7 @@ fn quick_knobs() -> Knobs {
     // rebuild, the SP of a layer that still learns grows about linearly from 0, a slope
     // near its mean (the decision rule itself is unit-tested in controller.rs; this test
     // is about the mechanics and exact resume).
-    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0 }
+    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0, confidence: 0.0 }
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -160,7 +165,8 @@ fn without_timings(records: Vec<Record>) -> Vec<Record> {
         .map(|mut r| {
             match &mut r {
                 Record::Step { samples_per_s, .. } => *samples_per_s = 0.0,
-                Record::Epoch { samples_per_s, train_seconds, .. } => {
+                Record::Epoch { samples_per_s, train_seconds, cpu_seconds, .. } => {
+                    *cpu_seconds = None;
                     *samples_per_s = 0.0;
                     *train_seconds = 0.0;
                 }

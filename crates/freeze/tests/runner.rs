@@ -53,3 +53,59 @@ fn the_runner_rebuilds_and_measures_off_the_calling_thread() {
         other => panic!("expected a failure, got {other:?}"),
     }
 }
+
+#[test]
+fn measurements_run_the_float_model_at_the_given_parameters_on_the_fixed_batch() {
+    let m = edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/lenet5.onnx")).unwrap();
+    let analysis = analyse(&m).unwrap();
+    let one = EngineOptions { threads: Some(1), ..Default::default() };
+    let mut runner = ReferenceRunner::spawn(EngineKind::Tract, one, analysis, vec![0, 1], 4).unwrap();
+    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
+    let input = Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap());
+    let own: Vec<(String, Value)> = m
+        .graph
+        .initializers
+        .iter()
+        // The parameters (the trainer sends the state's: parameters and statistics).
+        .filter(|(n, _)| n.ends_with(".weight") || n.ends_with(".bias"))
+        .map(|(n, t)| (n.clone(), edgefreeze_train::tensors::value_from_tensor(n, t).unwrap()))
+        .collect();
+
+    // Before any reference model there is no probe batch: a failure reply.
+    runner.send(Request::Measure { step: 1, layer: 0, parameters: own.clone() }).unwrap();
+    assert!(matches!(runner.wait().unwrap(), Reply::Failed { step: 1, .. }));
+
+    runner.send(Request::Rebuild { step: 2, model: Box::new(m.clone()), calibration: input }).unwrap();
+    assert!(matches!(runner.wait().unwrap(), Reply::Rebuilt { step: 2, .. }));
+    let mut measure = |step: u64, layer: usize, parameters: Vec<(String, Value)>| {
+        runner.send(Request::Measure { step, layer, parameters }).unwrap();
+        match runner.wait().unwrap() {
+            Reply::Plasticity { step: s, layer: l, sp, .. } if s == step && l == layer => sp,
+            other => panic!("expected a plasticity value, got {other:?}"),
+        }
+    };
+    // At the reference's own parameters only the int8 rounding separates them (the
+    // bound of tests/reference.rs), and the same parameters give the same value, to
+    // the bit: the batch is fixed.
+    let at_own = measure(3, 1, own.clone());
+    assert!(at_own < 6e-4, "SP {at_own}");
+    assert_eq!(measure(4, 1, own.clone()).to_bits(), at_own.to_bits());
+    // Parameters moved away from the reference's (conv2's weights reversed) are
+    // measured as such: far more than the rounding.
+    let moved: Vec<(String, Value)> = own
+        .iter()
+        .map(|(n, v)| match (n.as_str(), v) {
+            ("conv2.weight", Value::F32(a)) => {
+                let shape = a.shape().to_vec();
+                let mut values: Vec<f32> = a.iter().copied().collect();
+                values.reverse();
+                (n.clone(), Value::F32(ArrayD::from_shape_vec(IxDyn(&shape), values).unwrap()))
+            }
+            _ => (n.clone(), v.clone()),
+        })
+        .collect();
+    let at_moved = measure(5, 1, moved.clone());
+    assert!(at_moved > 10.0 * at_own.max(1e-9), "SP {at_moved} moved, {at_own} at the reference's parameters");
+    // Layer 0 comes before conv2: moving conv2 does not change it.
+    assert_eq!(measure(6, 0, moved).to_bits(), measure(7, 0, own).to_bits());
+}

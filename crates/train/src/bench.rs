@@ -84,16 +84,39 @@ pub fn bench_training(
     }
     let (input, labels) = synthetic_batch(&model, batch)?;
     let input_name = model.graph.inputs[0].name.clone();
+    let (steps, median) = time_steps(ws.as_mut(), graph, &[(&input_name, &input), ("labels", &labels)], options)?;
+    Ok(BenchResult {
+        model: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
+        engine: engine.to_string(),
+        batch,
+        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
+        steps,
+        step_ms_median: median * 1e3,
+        samples_per_s: batch as f64 / median,
+    })
+}
+
+/// Times training steps of a loaded graph: `feeds` (the batch), a learning rate of
+/// 0.01, and the step counter and dropout seed where the graph takes them → (timed
+/// steps, median seconds). Each run must return a loss.
+pub fn time_steps(
+    ws: &mut dyn edgefreeze_engine::Workspace,
+    graph: edgefreeze_engine::GraphId,
+    feeds: &[(&str, &Value)],
+    options: &BenchOptions,
+) -> Result<(usize, f64)> {
     let lr = Value::scalar_f32(0.01);
     let takes = |name: &str| ws.inputs(graph).iter().any(|i| i == name);
     let (takes_step, takes_seed) = (takes(STEP), takes(DROPOUT_SEED));
     let mut times = Vec::new();
     let started = Instant::now();
     let mut step = 0i64;
-    while step < options.warmup as i64 || times.len() < options.min_steps || started.elapsed() < options.min_time {
+    while step < options.warmup as i64 || times.len() < options.min_steps.max(1) || started.elapsed() < options.min_time
+    {
         step += 1;
         let (s, seed) = (Value::scalar_i64(step), Value::scalar_i64(step * 7919));
-        let mut inputs: Vec<(&str, &Value)> = vec![(&input_name, &input), ("labels", &labels), (LEARNING_RATE, &lr)];
+        let mut inputs: Vec<(&str, &Value)> = feeds.to_vec();
+        inputs.push((LEARNING_RATE, &lr));
         if takes_step {
             inputs.push((STEP, &s));
         }
@@ -111,16 +134,7 @@ pub fn bench_training(
         }
     }
     times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    Ok(BenchResult {
-        model: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
-        engine: engine.to_string(),
-        batch,
-        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
-        steps: times.len(),
-        step_ms_median: median * 1e3,
-        samples_per_s: batch as f64 / median,
-    })
+    Ok((times.len(), times[times.len() / 2]))
 }
 
 /// Random inputs of the model's input type (token ids below the embedding size for

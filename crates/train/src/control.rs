@@ -45,6 +45,13 @@ pub struct Opening<'a> {
     /// What it saved with the checkpoint the run continues from (None: a fresh run, or
     /// a checkpoint written without this controller).
     pub saved: Option<Saved>,
+    /// The training samples the run uses (indices into the training split).
+    pub train_indices: &'a [usize],
+    /// The run's seed.
+    pub seed: u64,
+    /// Loads training samples (indices into the training split) as one batch of the
+    /// data input, unaugmented: for a controller that measures on fixed samples.
+    pub samples: &'a dyn Fn(&[usize]) -> Result<Value>,
 }
 
 /// One update, as a controller sees it.

@@ -41,9 +41,36 @@ pub enum Record {
         test_accuracy: f64,
         /// Seconds spent training (not evaluating) in the epoch.
         train_seconds: f64,
+        /// CPU seconds (user + system, all of the process's threads: loader, reference
+        /// model) spent over those seconds: on a loaded machine, the cost that wall time
+        /// hides. None where the platform does not tell.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_seconds: Option<f64>,
         /// Training throughput.
         samples_per_s: f64,
     },
+}
+
+/// CPU seconds (user + system) the process has used so far, all threads together.
+#[cfg(unix)]
+pub fn process_cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given and touches
+    // nothing else; it is read only when the call reports success.
+    let usage = unsafe {
+        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+}
+
+/// CPU seconds the process has used so far (not known on this platform).
+#[cfg(not(unix))]
+pub fn process_cpu_seconds() -> Option<f64> {
+    None
 }
 
 impl Record {

@@ -25,6 +25,10 @@ pub trait ActivationStore: Send {
     fn insert(&mut self, sample: u64, values: &[f32]) -> std::result::Result<(), String>;
     /// Makes everything stored so far survive the process (called before a checkpoint).
     fn persist(&mut self) -> std::result::Result<(), String>;
+    /// The samples of the next update, told before the current one runs, so a store can
+    /// read their activations ahead while the step computes. A hint only: `get` must
+    /// give the same answers whether or not it was called.
+    fn prefetch(&mut self, samples: &[u64]);
     /// Sizes and counters, in words, for logs.
     fn describe(&self) -> String;
 }
@@ -145,10 +149,25 @@ impl StepRunner {
                 store,
             },
         };
-        self.observing = graphs.observing.map(|b| load(ws, &self.state_names, &b)).transpose()?;
-        self.step = step;
+        let observing = graphs.observing.map(|b| load(ws, &self.state_names, &b)).transpose()?;
+        // The new graphs loaded; the old ones are freed (compiled plans, sessions and
+        // their bound buffers), so a run that switches often does not pile them up.
+        let old_step = std::mem::replace(&mut self.step, step);
+        let old_observing = std::mem::replace(&mut self.observing, observing);
+        let old_ids = match &old_step {
+            Loaded::Whole(g) => vec![g.id],
+            Loaded::Cached { prefix, suffix, .. } => vec![prefix.id, suffix.id],
+        };
+        for id in old_ids.into_iter().chain(old_observing.map(|g| g.id)) {
+            self.workspace.unload_graph(id)?;
+        }
         self.label = graphs.label;
         Ok(())
+    }
+
+    /// Graphs loaded in the workspace now (the eval graph included).
+    pub fn loaded_graphs(&self) -> usize {
+        self.workspace.loaded_graphs()
     }
 
     /// The current graph set, in words.
@@ -161,6 +180,13 @@ impl StepRunner {
         match &self.step {
             Loaded::Cached { store, .. } => Some(store.as_ref()),
             Loaded::Whole(_) => None,
+        }
+    }
+
+    /// Tells the activation store, if any, which samples the next update takes.
+    pub fn prefetch(&mut self, indices: &[usize]) {
+        if let Loaded::Cached { store, .. } = &mut self.step {
+            store.prefetch(&indices.iter().map(|&i| i as u64).collect::<Vec<_>>());
         }
     }
 

@@ -181,7 +181,20 @@ impl Trainer {
             })?;
             runner.set_state(&entry.name, value)?;
         }
-        let opening = Opening { run_dir: dir, step: steps_done, epoch: epochs_done, saved };
+        let train_indices = subset(data.train.len(), spec.recipe.train_limit, spec.recipe.seed);
+        let samples = |indices: &[usize]| -> Result<Value> {
+            let batch = data.train.batch(indices, None, spec.recipe.seed, 0).map_err(TrainError::from)?;
+            Ok(batch_values(batch)?.0)
+        };
+        let opening = Opening {
+            run_dir: dir,
+            step: steps_done,
+            epoch: epochs_done,
+            saved,
+            train_indices: &train_indices,
+            seed: spec.recipe.seed,
+            samples: &samples,
+        };
         let Outcome { switch, decisions } = controller.open(opening, &runner)?;
         if let Some(graphs) = switch {
             runner.switch(graphs)?;
@@ -246,6 +259,12 @@ impl Trainer {
         self.runner.label()
     }
 
+    /// Graphs loaded in the engine now: the eval graph and the current step's (graphs
+    /// a controller switched away from are freed).
+    pub fn loaded_graphs(&self) -> usize {
+        self.runner.loaded_graphs()
+    }
+
     /// The controller's summary (overheads, cache sizes), if it has one.
     pub fn controller_summary(&self) -> Option<String> {
         self.controller.summary()
@@ -270,7 +289,10 @@ impl Trainer {
         let mut samples_per_s = None;
         while self.epochs_done < self.spec.recipe.epochs {
             let epoch = self.epochs_done + 1;
+            let cpu_before = crate::metrics::process_cpu_seconds();
             let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut observers)?;
+            let cpu_seconds =
+                crate::metrics::process_cpu_seconds().zip(cpu_before).map(|(after, before)| after - before);
             let (test_loss, test_accuracy) = self.evaluate()?;
             let rate = samples as f64 / seconds.max(1e-9);
             samples_per_s = Some(rate);
@@ -287,6 +309,7 @@ impl Trainer {
                 test_loss,
                 test_accuracy,
                 train_seconds: seconds,
+                cpu_seconds,
                 samples_per_s: rate,
             };
             let state = self.state()?;
@@ -317,9 +340,14 @@ impl Trainer {
         let samples = self.train_indices();
         let augmentation = recipe.augmentation()?;
         let images = matches!(*self.data.train, Samples::Images { .. });
+        let order: Vec<usize> =
+            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect();
+        // Batch k of the loader holds order[k·b..(k+1)·b]: the next update's samples are
+        // known before it runs, for the activation store to read ahead.
+        let mut upcoming = order.chunks(recipe.batch.max(1)).skip(1);
         let loader = Loader::spawn(
             Arc::clone(&self.data.train),
-            epoch_order(samples.len(), recipe.seed, epoch as u64).into_iter().map(|i| samples[i]).collect(),
+            order.clone(),
             LoaderOptions {
                 batch_size: recipe.batch,
                 augmentation: (images && !augmentation.is_identity()).then_some(augmentation),
@@ -346,6 +374,9 @@ impl Trainer {
             let (input, labels) = batch_values(batch)?;
             let step = self.steps_done + 1;
             let scalars = StepScalars { lr, step, dropout_seed: dropout_seed(recipe.seed, self.steps_done) };
+            if let Some(next) = upcoming.next() {
+                self.runner.prefetch(next);
+            }
             let outputs = self.runner.step(&input, &labels, &indices, scalars, self.controller.observes(step))?;
             let (loss, correct) = (outputs.loss, outputs.correct);
             if !loss.is_finite() {

@@ -33,7 +33,8 @@ fn without_timings(records: Vec<Record>) -> Vec<Record> {
         .map(|mut r| {
             match &mut r {
                 Record::Step { samples_per_s, .. } => *samples_per_s = 0.0,
-                Record::Epoch { samples_per_s, train_seconds, .. } => {
+                Record::Epoch { samples_per_s, train_seconds, cpu_seconds, .. } => {
+                    *cpu_seconds = None;
                     *samples_per_s = 0.0;
                     *train_seconds = 0.0;
                 }
