@@ -647,7 +647,11 @@ impl DeviceTrainer {
             .map_or(self.spec.recipe.epochs, |n| (self.epochs_done + n).min(self.spec.recipe.epochs));
         while self.epochs_done < last {
             let epoch = self.epochs_done + 1;
+            let cpu_before = edgefreeze_train::metrics::process_cpu_seconds();
             let (train_loss, train_accuracy, seconds, samples) = self.train_epoch(epoch, &mut metrics)?;
+            // The device process's CPU time (its network threads too), not the edge's.
+            let cpu_seconds =
+                edgefreeze_train::metrics::process_cpu_seconds().zip(cpu_before).map(|(after, before)| after - before);
             let (test_loss, test_accuracy) = self.evaluate()?;
             let rate = samples as f64 / seconds.max(1e-9);
             samples_per_s = Some(rate);
@@ -676,6 +680,7 @@ impl DeviceTrainer {
                 test_accuracy,
                 train_seconds: seconds,
                 samples_per_s: rate,
+                cpu_seconds,
             })?;
             if self.options.train.progress {
                 eprintln!(
