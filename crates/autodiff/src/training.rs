@@ -71,7 +71,7 @@ pub fn training_blockers(model: &Model, frozen: &[String]) -> Result<Vec<crate::
     let output = model.graph.outputs.first().ok_or_else(|| AutodiffError::Loss("the model has no output".into()))?;
     let types = infer(&model.graph, model.opset())?;
     let (_, _, active) =
-        crate::grad::active_nodes(&model.graph.nodes, &types, &[output.name.clone()], &split.trainable);
+        crate::grad::active_nodes(&model.graph.nodes, &types, std::slice::from_ref(&output.name), &split.trainable);
     Ok(crate::grad::blocking_ops(&model.graph.nodes, &active))
 }
 
