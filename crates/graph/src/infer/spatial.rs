@@ -129,6 +129,15 @@ fn windowed_input(cx: &Cx<'_>) -> Result<(DataType, Shape)> {
     Ok((dtype, x))
 }
 
+/// The weight of a convolution, of the input's rank.
+fn weight_shape(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
+    let (_, w) = cx.input(1)?;
+    if w.len() != x.len() {
+        return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
+    }
+    Ok(w)
+}
+
 pub(crate) fn global_pool(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = windowed_input(cx)?;
     let spatial = &x[2..];
@@ -140,10 +149,7 @@ pub(crate) fn global_pool(cx: &Cx<'_>) -> Result<Outputs> {
 pub(crate) fn conv_transpose(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = windowed_input(cx)?;
     let spatial = &x[2..];
-    let (_, w) = cx.input(1)?;
-    if w.len() != x.len() {
-        return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
-    }
+    let w = weight_shape(cx, &x)?;
     let group = cx.node.attr_int("group", 1)?.max(1) as usize;
     let window = Window::from_node(cx.node, spatial, Some(&w[2..]))?;
     let output_padding = cx.node.attr_ints("output_padding")?.map(|p| p.to_vec()).unwrap_or(vec![0; spatial.len()]);
@@ -173,10 +179,7 @@ pub(crate) fn conv_transpose(cx: &Cx<'_>) -> Result<Outputs> {
 pub(crate) fn conv(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = windowed_input(cx)?;
     let spatial = &x[2..];
-    let (_, w) = cx.input(1)?;
-    if w.len() != x.len() {
-        return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
-    }
+    let w = weight_shape(cx, &x)?;
     let group = cx.node.attr_int("group", 1)?.max(1) as usize;
     if let (Some(c), Some(wc)) = (x[1].fixed(), w[1].fixed())
         && c != wc * group
