@@ -195,8 +195,10 @@ def build(name: str, seed: int = DATA_SEED):
     kwargs = {"weights": None, "num_classes": NUM_CLASSES}
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=True)
-    if name == "vit_b_16" or name == "maxvit_t":
+    if name == "vit_b_16":
         kwargs["image_size"] = side
+    if name == "maxvit_t":
+        kwargs["input_size"] = (side, side)
     model = torchvision.models.get_model(name, **kwargs)
     redraw_norms(model)
     rs = np.random.RandomState(seed)
@@ -664,8 +666,9 @@ def main():
             try:
                 row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only)
             except Exception as exc:
-                row = {"model": name, "exporter": exporter, "export": "ok", "inspect": "ok", "convert": "ok",
-                       "gradient": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
+                # Where it failed is not known: claim no step passed.
+                row = {"model": name, "exporter": exporter,
+                       "export": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
                 traceback.print_exc()
             row["input"] = dict(TORCHVISION).get(name, f"{SEQ} tokens")
             row["sweep_s"] = time.time() - t0

@@ -330,6 +330,14 @@ pub(crate) fn greater(cx: &Cx<'_>, known: Known) -> Result<Tensor> {
     elementwise(cx, known, Some(&|v| Ok(flag(v[0] > v[1]))), &|v| flag(v[0] > v[1]) as f64)
 }
 
+pub(crate) fn greater_or_equal(cx: &Cx<'_>, known: Known) -> Result<Tensor> {
+    elementwise(cx, known, Some(&|v| Ok(flag(v[0] >= v[1]))), &|v| flag(v[0] >= v[1]) as f64)
+}
+
+pub(crate) fn less_or_equal(cx: &Cx<'_>, known: Known) -> Result<Tensor> {
+    elementwise(cx, known, Some(&|v| Ok(flag(v[0] <= v[1]))), &|v| flag(v[0] <= v[1]) as f64)
+}
+
 pub(crate) fn not(cx: &Cx<'_>, known: Known) -> Result<Tensor> {
     elementwise(cx, known, Some(&|v| Ok(flag(v[0] == 0))), &|v| flag(v[0] == 0.0) as f64)
 }
