@@ -120,10 +120,9 @@ pub mod tolerance {
     /// it matters (AdamW's bias corrections), ours are several standard ONNX ops in float32,
     /// each rounding its intermediate: a factor of about 2. 16 = 8 × 2. Measured worst
     /// ratios (printed by each test, recorded in tests/fixtures/golden/README.md) are
-    /// 1.7–10.7 per model. The largest (AdamW's step losses, kws_m5 and mlp) are where ours
-    /// has a systematic error on top of round-off: it computes `1 − β₂ᵗ` from float32
-    /// β₂ = 0.99900001 but scales `g²` by `1 − β₂ = 0.001`, which makes our AdamW steps
-    /// about 6.5·10⁻⁶ (step 1) and 10⁻⁵ (step 2) too small; PyTorch has both in float64. A real bug is not a factor of a few on round-off: the regression checks
+    /// 1.0–5.1 per model. (They were up to 10.7 while ours computed AdamW's bias correction
+    /// `1 − β₂ᵗ` from float32 β₂ = 0.99900001, a systematic error of 6.5·10⁻⁶ per step on top
+    /// of round-off; it now computes the corrections in float64, as PyTorch does.) A real bug is not a factor of a few on round-off: the regression checks
     /// below show a 10⁻³ change of one gradient is rejected.
     pub const TORCH_MULTIPLE: f64 = 16.0;
 

@@ -195,8 +195,10 @@ def build(name: str, seed: int = DATA_SEED):
     kwargs = {"weights": None, "num_classes": NUM_CLASSES}
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=True)
-    if name == "vit_b_16" or name == "maxvit_t":
+    if name == "vit_b_16":
         kwargs["image_size"] = side
+    if name == "maxvit_t":
+        kwargs["input_size"] = (side, side)
     model = torchvision.models.get_model(name, **kwargs)
     redraw_norms(model)
     rs = np.random.RandomState(seed)
@@ -365,15 +367,17 @@ def compare(loss, grads, loss64, g64, loss32, g32):
 
 def run_cli(binary, args, timeout):
     """Runs the CLI under `timeout` and GNU time; returns (completed process, wall seconds,
-    peak resident KiB of the CLI). (wait4's ru_maxrss is no good here: Linux carries the
-    forking Python's peak across exec.)"""
+    peak resident KiB of the CLI, CPU seconds user + system of the CLI). (wait4's ru_maxrss
+    is no good here: Linux carries the forking Python's peak across exec.)"""
     start = time.time()
     with tempfile.NamedTemporaryFile("r") as peak:
-        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", peak.name, "timeout", str(timeout), binary] + args,
-                           capture_output=True, text=True)
+        p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", peak.name, "timeout", str(timeout), binary]
+                           + args, capture_output=True, text=True)
         text = peak.read().strip().splitlines()
-    rss = float(text[-1]) if text and text[-1].strip().isdigit() else None
-    return p, time.time() - start, rss
+    fields = text[-1].split() if text else []
+    rss = float(fields[0]) if len(fields) == 3 and fields[0].isdigit() else None
+    cpu = float(fields[1]) + float(fields[2]) if len(fields) == 3 else None
+    return p, time.time() - start, rss, cpu
 
 
 def first_line(text: str) -> str:
@@ -382,7 +386,7 @@ def first_line(text: str) -> str:
     return msg.replace("|", "\\|")[:300]
 
 
-def sweep_one(name, exporter, out_dir, binary, timeout):
+def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False):
     row = {"model": name, "exporter": exporter}
     work = os.path.join(out_dir, f"{name}.{exporter}")
     os.makedirs(work, exist_ok=True)
@@ -390,23 +394,28 @@ def sweep_one(name, exporter, out_dir, binary, timeout):
     model, x = build(name)
     zero_stochastic(model)
     try:
-        export(model, x, exporter, model_path)
+        # A timing run reuses an export of the same model at the same batch.
+        if not (convert_only and os.path.exists(model_path)):
+            export(model, x, exporter, model_path)
     except Exception as exc:  # the exporter's own failure
         row["export"] = f"export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return row
     row["export"] = "ok"
     row["onnx_mb"] = os.path.getsize(model_path) / 1e6
     row["forward_nodes"] = len(onnx.load(model_path, load_external_data=False).graph.node)
-    p, _, _ = run_cli(binary, ["inspect", model_path], timeout)
+    p, _, _, _ = run_cli(binary, ["inspect", model_path], timeout)
     row["inspect"] = "ok" if p.returncode == 0 else first_line(p.stderr)
     if p.returncode != 0:
         return row
     conv = os.path.join(work, "converted")
     if os.path.exists(conv):
         subprocess.run(["rm", "-rf", conv], check=True)
-    p, seconds, rss = run_cli(binary, ["convert", model_path, "--out", conv], timeout)
+    p, seconds, rss, cpu = run_cli(binary, ["convert", model_path, "--out", conv], timeout)
     row["convert"] = "ok" if p.returncode == 0 else first_line(p.stderr)
     row["convert_s"] = seconds
+    row["convert_cpu_s"] = cpu
+    row["binary"] = binary
+    row["batch"] = BATCH
     row["memory_by_time"] = True
     row["convert_mb"] = rss / 1024 if rss else None
     if p.returncode != 0:
@@ -415,6 +424,8 @@ def sweep_one(name, exporter, out_dir, binary, timeout):
     row["nodes"] = manifest.get("nodes") or manifest.get("node_counts")
     row["grad_nodes"] = len(onnx.load(os.path.join(conv, "grad.onnx"), load_external_data=False).graph.node)
     row["step_nodes"] = len(onnx.load(os.path.join(conv, "train_step.onnx"), load_external_data=False).graph.node)
+    if convert_only:
+        return row
     rs = np.random.RandomState(DATA_SEED + 1)
     y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
     try:
@@ -545,6 +556,42 @@ def write_fixture(name, exporter, out_dir):
     print(f"{stem}: {size / 1e6:.2f} MB, worst PyTorch float32 error {max(errors.values()):.2e}", flush=True)
 
 
+TIMES_BEGIN = "<!-- convert times: begin -->"
+TIMES_END = "<!-- convert times: end -->"
+
+
+def write_times(paths, table, command):
+    """Writes (or replaces) the section of `table` with the convert time, CPU time and peak
+    memory of the runs in `paths` (results.jsonl files of `--convert-only` runs)."""
+    rows = []
+    for path in paths:
+        rows += [json.loads(line) for line in open(path)]
+    out = [TIMES_BEGIN, "## Convert time, release build", "",
+           "`edgefreeze convert` (all graphs of a training run) of a release build, per (model, exporter):",
+           "wall time, CPU time (user + system) and peak resident memory of the process, on the 2-core",
+           "machine shared with other builds: CPU time is the figure to read; wall time includes waiting",
+           "for a core.", "", "Made by:", "", "```", command, "```", "",
+           "| model | exporter | input | convert | wall s | CPU s | peak MiB | forward nodes | step nodes |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append("| " + " | ".join([
+            r["model"], r["exporter"], str(r.get("input", "")),
+            r.get("convert", r.get("export", r.get("inspect", ""))),
+            fmt(r.get("convert_s"), ".1f"), fmt(r.get("convert_cpu_s"), ".1f"),
+            fmt(r["convert_mb"] if r.get("convert_mb") else None, ".0f"),
+            str(r.get("forward_nodes", "")), str(r.get("step_nodes", "")),
+        ]) + " |")
+    out.append(TIMES_END)
+    text = open(table).read() if os.path.exists(table) else ""
+    if TIMES_BEGIN in text:
+        before, rest = text.split(TIMES_BEGIN, 1)
+        after = rest.split(TIMES_END, 1)[1] if TIMES_END in rest else ""
+        text = before + "\n".join(out) + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(out) + "\n"
+    open(table, "w").write(text)
+
+
 def merge_tables(paths, table):
     """One table from the results of several runs, in the sweep's order, with a row for
     every (model, exporter) that no run reached."""
@@ -569,6 +616,7 @@ def merge_tables(paths, table):
 
 
 def main():
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/zoo")
     ap.add_argument("--table", default=None)
@@ -578,9 +626,21 @@ def main():
     ap.add_argument("--bin", default="target/debug/edgefreeze")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--fixtures", default=None, help="write the CI fixtures to this folder instead")
+    ap.add_argument("--batch", type=int, default=BATCH, help="samples per batch (export and gradient check)")
+    ap.add_argument("--convert-only", action="store_true",
+                    help="time convert only (no gradient check), reusing this folder's exports")
+    ap.add_argument("--times-from", default=None,
+                    help="comma-separated results.jsonl files of --convert-only runs: write the convert-time "
+                    "section of --table")
     ap.add_argument("--table-from", default=None,
                     help="comma-separated results.jsonl files of earlier (possibly parallel) runs: only write --table")
     args = ap.parse_args()
+    BATCH = args.batch
+    if args.times_from:
+        write_times(args.times_from.split(","), args.table,
+                    f"python3 tools/zoo_sweep.py --bin target/release/edgefreeze --convert-only --out <dir>; "
+                    f"then --times-from {args.times_from} --table {args.table}")
+        return
     if args.table_from:
         merge_tables(args.table_from.split(","), args.table)
         return
@@ -604,10 +664,11 @@ def main():
         for exporter in args.exporters.split(","):
             t0 = time.time()
             try:
-                row = sweep_one(name, exporter, args.out, args.bin, args.timeout)
+                row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only)
             except Exception as exc:
-                row = {"model": name, "exporter": exporter, "export": "ok", "inspect": "ok", "convert": "ok",
-                       "gradient": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
+                # Where it failed is not known: claim no step passed.
+                row = {"model": name, "exporter": exporter,
+                       "export": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
                 traceback.print_exc()
             row["input"] = dict(TORCHVISION).get(name, f"{SEQ} tokens")
             row["sweep_s"] = time.time() - t0

@@ -10,7 +10,7 @@ pub enum AutodiffError {
     Graph(#[from] GraphError),
     /// Ops on the path from trainable parameters to the loss with no gradient rule, all at once.
     #[error("no gradient rule for: {}", format_ops(.0))]
-    NoRule(Vec<(String, Vec<String>)>),
+    NoRule(Vec<BlockedOp>),
     /// A node cannot be differentiated as it is.
     #[error("node {node:?} ({op_type}): {message}")]
     Node {
@@ -37,8 +37,23 @@ pub enum AutodiffError {
     Config(String),
 }
 
-fn format_ops(ops: &[(String, Vec<String>)]) -> String {
-    ops.iter().map(|(op, nodes)| format!("{op} (nodes: {})", nodes.join(", "))).collect::<Vec<_>>().join("; ")
+/// An op whose nodes lie on a path from a trainable parameter to the loss but which the
+/// gradient table cannot differentiate.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlockedOp {
+    /// The op type.
+    pub op_type: String,
+    /// Its nodes on the path.
+    pub nodes: Vec<String>,
+    /// Why, from the gradient table.
+    pub reason: String,
+}
+
+fn format_ops(ops: &[BlockedOp]) -> String {
+    ops.iter()
+        .map(|b| format!("{} (nodes: {}): {}", b.op_type, b.nodes.join(", "), b.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl AutodiffError {

@@ -2,33 +2,17 @@
 //! gradients of its inputs, and sums the contributions a value receives.
 
 use crate::emit::Emitter;
-use crate::error::{AutodiffError, Result};
-use crate::rules::{self, RuleCx};
+use crate::error::{AutodiffError, BlockedOp, Result};
+use crate::rules::{self, Gradient, RuleCx};
 use edgefreeze_graph::Node;
 use edgefreeze_graph::infer::Inference;
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// Ops whose outputs carry no gradient (integer, boolean or shape results).
-const NOT_DIFFERENTIABLE: &[&str] = &[
-    "Shape",
-    "Size",
-    "ArgMax",
-    "Equal",
-    "Less",
-    "Greater",
-    "Not",
-    "And",
-    "Or",
-    "Range",
-    "ConstantOfShape",
-    "Constant",
-];
 
 /// Which values depend on the values in `wrt` through differentiable floating-point paths.
 pub fn requiring_grad(forward: &[Node], types: &Inference, wrt: &HashSet<String>) -> HashSet<String> {
     let mut requires: HashSet<String> = wrt.clone();
     for node in forward {
-        if NOT_DIFFERENTIABLE.contains(&node.op_type.as_str()) {
+        if matches!(rules::gradient_of(node), Some(Gradient::NoGradient { .. })) {
             continue;
         }
         if node.inputs.iter().any(|i| requires.contains(i)) {
@@ -43,6 +27,50 @@ pub fn requiring_grad(forward: &[Node], types: &Inference, wrt: &HashSet<String>
     requires
 }
 
+/// The values requiring a gradient, the values whose gradient is needed, and for each
+/// forward node whether it is on a path from a value in `wrt` to a seed value (found
+/// backwards from the seeds).
+pub fn active_nodes(
+    forward: &[Node],
+    types: &Inference,
+    seeds: &[String],
+    wrt: &[String],
+) -> (HashSet<String>, HashSet<String>, Vec<bool>) {
+    let wrt_set: HashSet<String> = wrt.iter().cloned().collect();
+    let requires = requiring_grad(forward, types, &wrt_set);
+    let mut needed: HashSet<String> = seeds.iter().cloned().collect();
+    let mut active = vec![false; forward.len()];
+    for (i, node) in forward.iter().enumerate().rev() {
+        if node.outputs.iter().any(|o| needed.contains(o)) && node.inputs.iter().any(|v| requires.contains(v)) {
+            active[i] = true;
+            for v in node.inputs.iter().filter(|v| requires.contains(*v)) {
+                needed.insert(v.clone());
+            }
+        }
+    }
+    (requires, needed, active)
+}
+
+/// The ops of active nodes that the gradient table says cannot be differentiated, each
+/// with its nodes and the table's reason, in op order.
+pub fn blocking_ops(forward: &[Node], active: &[bool]) -> Vec<BlockedOp> {
+    let mut by_op: BTreeMap<String, BlockedOp> = BTreeMap::new();
+    for (node, _) in forward.iter().zip(active).filter(|(_, a)| **a) {
+        if let Some(reason) = rules::blocked(node) {
+            by_op
+                .entry(node.op_type.clone())
+                .or_insert_with(|| BlockedOp {
+                    op_type: node.op_type.clone(),
+                    nodes: Vec::new(),
+                    reason: reason.into(),
+                })
+                .nodes
+                .push(node.name.clone());
+        }
+    }
+    by_op.into_values().collect()
+}
+
 /// Emits the backward pass.
 ///
 /// `seeds` gives the gradient of the objective with respect to some forward values (for
@@ -55,29 +83,11 @@ pub fn backward(
     wrt: &[String],
     emitter: &mut Emitter,
 ) -> Result<Vec<String>> {
-    let wrt_set: HashSet<String> = wrt.iter().cloned().collect();
-    let requires = requiring_grad(forward, types, &wrt_set);
-    // Nodes on a path from a required value to a seed, found backwards.
-    let mut needed: HashSet<String> = seeds.iter().map(|(v, _)| v.clone()).collect();
-    let mut active = vec![false; forward.len()];
-    for (i, node) in forward.iter().enumerate().rev() {
-        if node.outputs.iter().any(|o| needed.contains(o)) && node.inputs.iter().any(|v| requires.contains(v)) {
-            active[i] = true;
-            for v in node.inputs.iter().filter(|v| requires.contains(*v)) {
-                needed.insert(v.clone());
-            }
-        }
-    }
-    let missing: BTreeMap<String, Vec<String>> = forward
-        .iter()
-        .zip(&active)
-        .filter(|(n, a)| **a && !rules::has_rule(n))
-        .fold(BTreeMap::new(), |mut m, (n, _)| {
-            m.entry(n.op_type.clone()).or_insert_with(Vec::new).push(n.name.clone());
-            m
-        });
-    if !missing.is_empty() {
-        return Err(AutodiffError::NoRule(missing.into_iter().collect()));
+    let seed_values: Vec<String> = seeds.iter().map(|(v, _)| v.clone()).collect();
+    let (requires, needed, active) = active_nodes(forward, types, &seed_values, wrt);
+    let blocked = blocking_ops(forward, &active);
+    if !blocked.is_empty() {
+        return Err(AutodiffError::NoRule(blocked));
     }
 
     let mut contributions: HashMap<String, Vec<String>> = HashMap::new();

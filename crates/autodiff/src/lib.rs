@@ -16,7 +16,7 @@ pub mod rules;
 pub mod training;
 pub mod training_mode;
 
-pub use error::{AutodiffError, Result};
+pub use error::{AutodiffError, BlockedOp, Result};
 pub use loss::Loss;
 pub use optim::Optimizer;
 pub use training::{

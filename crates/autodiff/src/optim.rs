@@ -1,6 +1,7 @@
 //! Optimizers written into the training-step graph, with PyTorch's update rules.
 
 use crate::emit::Emitter;
+use edgefreeze_graph::{DataType, Tensor};
 
 /// Name of the scalar learning-rate input.
 pub const LEARNING_RATE: &str = "lr";
@@ -85,10 +86,24 @@ pub fn emit_update(
             (e.sub(param, &scaled), states)
         }
         Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+            // The scalars of the update as PyTorch computes them: in float64 from the
+            // float64 hyper-parameters (Python floats), each rounded once to the tensors'
+            // type where it meets them. In float32, 1 − β₂ᵗ from β₂ rounded to float32
+            // (0.99900001) is 1.3·10⁻⁵ too small at t = 1, while v is scaled by
+            // 1 − β₂ = 0.001 as in PyTorch: every step came out 6.5·10⁻⁶ too small.
+            let float = e.float;
+            let wide = DataType::Float64;
+            let wide_scalar = |e: &mut Emitter, v: f64| {
+                let t = Tensor::from_f64_as(wide, vec![], &[v]).expect("a scalar always fits");
+                e.constant("const", t)
+            };
+            let lr = e.cast(LEARNING_RATE, wide);
             let decayed = if *weight_decay != 0.0 {
-                let rate = e.scale(LEARNING_RATE, *weight_decay);
-                let one = e.scalar(1.0);
+                let decay = wide_scalar(e, *weight_decay);
+                let rate = e.mul(&lr, &decay);
+                let one = wide_scalar(e, 1.0);
                 let factor = e.sub(&one, &rate);
+                let factor = e.cast(&factor, float);
                 e.mul(param, &factor)
             } else {
                 param.to_string()
@@ -100,18 +115,19 @@ pub fn emit_update(
             let v_kept = e.scale(&state[1], *beta2);
             let v_new = e.scale(&g2, 1.0 - beta2);
             let v = e.add(&v_kept, &v_new);
-            let float = e.float;
-            let t = e.cast(STEP, float);
-            let one = e.scalar(1.0);
+            let t = e.cast(STEP, wide);
+            let one = wide_scalar(e, 1.0);
             let mut corrections = Vec::new();
             for beta in [*beta1, *beta2] {
-                let b = e.scalar(beta);
+                let b = wide_scalar(e, beta);
                 let power = e.op("Pow", &[&b, &t], vec![]);
                 corrections.push(e.sub(&one, &power));
             }
-            let step_size = e.div(LEARNING_RATE, &corrections[0]);
-            let root_v = e.op("Sqrt", &[&v], vec![]);
+            let step_size = e.div(&lr, &corrections[0]);
+            let step_size = e.cast(&step_size, float);
             let root_c2 = e.op("Sqrt", &[&corrections[1]], vec![]);
+            let root_c2 = e.cast(&root_c2, float);
+            let root_v = e.op("Sqrt", &[&v], vec![]);
             let scaled_v = e.div(&root_v, &root_c2);
             let epsilon = e.scalar(*eps);
             let denom = e.add(&scaled_v, &epsilon);

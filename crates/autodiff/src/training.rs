@@ -61,6 +61,20 @@ pub struct ParameterSplit {
     pub buffers: Vec<String>,
 }
 
+/// The ops that stop a model from being trained, read from the gradient table without
+/// building anything: those on a path from a trainable parameter (all but `frozen`) to the
+/// model's first output (where every loss attaches) that have no gradient rule. Empty when
+/// the table can differentiate the model; building the graphs can still fail for other
+/// reasons (a shape a rule needs, a loss that does not fit).
+pub fn training_blockers(model: &Model, frozen: &[String]) -> Result<Vec<crate::BlockedOp>> {
+    let split = split_parameters(model, frozen)?;
+    let output = model.graph.outputs.first().ok_or_else(|| AutodiffError::Loss("the model has no output".into()))?;
+    let types = infer(&model.graph, model.opset())?;
+    let (_, _, active) =
+        crate::grad::active_nodes(&model.graph.nodes, &types, std::slice::from_ref(&output.name), &split.trainable);
+    Ok(crate::grad::blocking_ops(&model.graph.nodes, &active))
+}
+
 /// Splits a model's parameters; fails on frozen names that are not float parameters.
 pub fn split_parameters(model: &Model, frozen: &[String]) -> Result<ParameterSplit> {
     let graph = &model.graph;

@@ -2,6 +2,7 @@
 //! that `convert` wrote.
 
 use anyhow::{Context, Result};
+use edgefreeze_autodiff::{AutodiffError, BlockedOp};
 use edgefreeze_graph::ir::format_shape;
 use edgefreeze_graph::{Analysis, Model, analyse, import};
 use std::io::Write;
@@ -30,8 +31,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         let report = Report {
             model: args.model.display().to_string(),
             opset: model.opset(),
-            trainable: training.is_ok(),
-            training_blocked_by: training.err(),
+            trainable: training.error.is_none(),
+            training_blocked_by: training.error.clone(),
+            training_blocked_by_ops: training.blocked_ops.clone(),
             analysis: &analysis,
         };
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -43,11 +45,29 @@ pub fn run(args: &InspectArgs) -> Result<()> {
 }
 
 /// Whether `convert` can build the model's gradient graph with its default loss (softmax
-/// cross-entropy on the first output), and if not, why: the ops without a gradient rule
-/// on the path to the loss, or what else stops it, before anyone runs `convert`.
-fn training_check(model: &Model) -> std::result::Result<(), String> {
-    let loss = edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 };
-    edgefreeze_autodiff::gradient_graph(model, &loss, &[]).map(|_| ()).map_err(|e| e.to_string())
+/// cross-entropy on the first output), and if not, why, before anyone runs `convert`.
+struct TrainingCheck {
+    /// Ops on the path to the loss that the gradient table cannot differentiate.
+    blocked_ops: Vec<BlockedOp>,
+    /// Why the gradient graph cannot be built, if it cannot.
+    error: Option<String>,
+}
+
+fn training_check(model: &Model) -> TrainingCheck {
+    // The gradient table first: it names every op that blocks training, with its reason.
+    match edgefreeze_autodiff::training::training_blockers(model, &[]) {
+        Ok(blocked) if !blocked.is_empty() => {
+            let error = Some(AutodiffError::NoRule(blocked.clone()).to_string());
+            TrainingCheck { blocked_ops: blocked, error }
+        }
+        // Then what else stops `convert` (a shape a rule needs, a loss that does not fit).
+        Ok(_) => {
+            let loss = edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 };
+            let error = edgefreeze_autodiff::gradient_graph(model, &loss, &[]).err().map(|e| e.to_string());
+            TrainingCheck { blocked_ops: Vec::new(), error }
+        }
+        Err(e) => TrainingCheck { blocked_ops: Vec::new(), error: Some(e.to_string()) },
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -58,6 +78,8 @@ struct Report<'a> {
     trainable: bool,
     /// Why not, when it does not.
     training_blocked_by: Option<String>,
+    /// The ops without a gradient rule on the path to the loss, with their nodes and why.
+    training_blocked_by_ops: Vec<BlockedOp>,
     #[serde(flatten)]
     analysis: &'a Analysis,
 }
@@ -67,7 +89,7 @@ fn write_table(
     path: &std::path::Path,
     model: &Model,
     a: &Analysis,
-    training: &std::result::Result<(), String>,
+    training: &TrainingCheck,
 ) -> Result<()> {
     let graph = &model.graph;
     writeln!(
@@ -84,9 +106,9 @@ fn write_table(
         let dtype = input.dtype.map(|d| d.to_string()).unwrap_or_else(|| "?".into());
         writeln!(out, "input  {} {dtype} {shape}", input.name)?;
     }
-    match training {
-        Ok(()) => writeln!(out, "training: yes (convert builds the gradient graph with a cross-entropy loss)")?,
-        Err(reason) => writeln!(out, "training: no: {reason}")?,
+    match &training.error {
+        None => writeln!(out, "training: yes (convert builds the gradient graph with a cross-entropy loss)")?,
+        Some(reason) => writeln!(out, "training: no: {reason}")?,
     }
     writeln!(out)?;
     let rows: Vec<[String; 7]> = a

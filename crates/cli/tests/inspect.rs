@@ -70,3 +70,26 @@ fn inspect_says_which_ops_block_training() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("training: no") && text.contains("Floor") && text.contains("floor_w"), "{text}");
 }
+
+#[test]
+fn json_lists_the_ops_that_block_training_with_the_tables_reason() {
+    // A Floor (no gradient rule) on a weight's path to the loss: listed with its node and
+    // the gradient table's reason.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("floor.onnx");
+    let mut m = edgefreeze_graph::import(model("mlp.onnx")).unwrap();
+    let first = m.graph.nodes.iter().position(|n| n.op_type == "Gemm").unwrap();
+    let w = m.graph.nodes[first].inputs[1].clone();
+    m.graph.nodes.insert(first, edgefreeze_graph::Node::new("floor_w", "Floor", &[&w], &["floored_w"]));
+    m.graph.nodes[first + 1].inputs[1] = "floored_w".into();
+    edgefreeze_graph::save_model(&m, &path, &Default::default()).unwrap();
+    let out = edgefreeze(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["trainable"], false);
+    let blocked = json["training_blocked_by_ops"].as_array().unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(blocked[0]["op_type"], "Floor");
+    assert_eq!(blocked[0]["nodes"], serde_json::json!(["floor_w"]));
+    assert!(blocked[0]["reason"].as_str().unwrap().contains("step function"), "{blocked:?}");
+}

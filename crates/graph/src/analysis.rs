@@ -13,10 +13,10 @@
 //! multiply-add counts as two, other element-wise work as one per output element.
 
 use crate::dtype::DataType;
-use crate::error::Result;
+use crate::error::{GraphError, Result};
 use crate::infer::{Inference, infer};
 use crate::ir::{Dim, Graph, Model, Node, Shape};
-use crate::ops::{Family, spec};
+use crate::ops::{Flops, spec};
 use std::collections::{HashMap, HashSet};
 
 /// A group of nodes that is frozen, trained or placed as one.
@@ -178,7 +178,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
                 }
             }
             if classes.data[i] {
-                flops += node_flops(node, &inference);
+                flops += node_flops(node, &inference)?;
             }
         }
         let output = if index + 1 < ranges.len() {
@@ -392,50 +392,69 @@ fn elements(inference: &Inference, name: Option<&str>) -> u64 {
     name.and_then(|n| inference.types.get(n)).and_then(|v| v.shape.as_ref()).map_or(0, |s| per_sample_elements(s))
 }
 
-/// Forward FLOPs per sample of one node.
-pub fn node_flops(node: &Node, inference: &Inference) -> u64 {
+/// Forward FLOPs per sample of one node, as its op's entry in [`crate::ops::OPS`] counts
+/// them; an op without an entry is an error naming the node.
+pub fn node_flops(node: &Node, inference: &Inference) -> Result<u64> {
+    let spec = spec(&node.domain, &node.op_type)
+        .ok_or_else(|| GraphError::node(node, "no FLOP count for this op (unsupported)"))?;
+    Ok(match spec.flops {
+        Flops::Zero => 0,
+        Flops::PerOutput(n) => elements(inference, node.output(0)).saturating_mul(n),
+        Flops::PerInput => elements(inference, node.input(0)),
+        Flops::Rule(rule) => rule(node, inference),
+    })
+}
+
+fn input_shape(node: &Node, inference: &Inference, i: usize) -> Shape {
+    node.input(i).and_then(|n| inference.types.get(n)).and_then(|v| v.shape.clone()).unwrap_or_default()
+}
+
+fn fixed_dim(s: &Shape, i: usize) -> u64 {
+    s.get(i).and_then(Dim::fixed).unwrap_or(1) as u64
+}
+
+/// One output element per bias value, where there is a bias (input 2).
+fn bias_flops(node: &Node, out: u64) -> u64 {
+    if node.input(2).is_some() { out } else { 0 }
+}
+
+/// A multiply-add per weight of an output channel's kernel, per output element.
+pub(crate) fn conv_flops(node: &Node, inference: &Inference) -> u64 {
     let out = elements(inference, node.output(0));
+    let w = input_shape(node, inference, 1);
+    let per_output = per_sample_elements(&w[1.min(w.len())..]);
+    2u64.saturating_mul(out).saturating_mul(per_output).saturating_add(bias_flops(node, out))
+}
+
+/// Each input element is multiplied by the `C_out/group × kernel` weights it spreads over.
+pub(crate) fn conv_transpose_flops(node: &Node, inference: &Inference) -> u64 {
     let input = elements(inference, node.input(0));
-    let shape =
-        |i: usize| node.input(i).and_then(|n| inference.types.get(n)).and_then(|v| v.shape.clone()).unwrap_or_default();
-    let dim = |s: &Shape, i: usize| s.get(i).and_then(Dim::fixed).unwrap_or(1) as u64;
-    match node.op_type.as_str() {
-        "Conv" => {
-            let w = shape(1);
-            let per_output = per_sample_elements(&w[1.min(w.len())..]);
-            2u64.saturating_mul(out).saturating_mul(per_output).saturating_add(if node.input(2).is_some() {
-                out
-            } else {
-                0
-            })
-        }
-        "Gemm" => {
-            let a = shape(0);
-            let k = if node.attr_int("transA", 0).unwrap_or(0) != 0 { dim(&a, 0) } else { dim(&a, 1) };
-            2u64.saturating_mul(out).saturating_mul(k).saturating_add(if node.input(2).is_some() { out } else { 0 })
-        }
-        "MatMul" => {
-            let a = shape(0);
-            2u64.saturating_mul(out).saturating_mul(dim(&a, a.len().saturating_sub(1)))
-        }
-        "BatchNormalization" => out.saturating_mul(2),
-        "LayerNormalization" => out.saturating_mul(8),
-        "Softmax" | "LogSoftmax" => out.saturating_mul(3),
-        "MaxPool" | "AveragePool" => {
-            let k = node
-                .attr_ints("kernel_shape")
-                .ok()
-                .flatten()
-                .map_or(1, |k| k.iter().fold(1u64, |acc, &v| acc.saturating_mul(v.max(1) as u64)));
-            out.saturating_mul(k)
-        }
-        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ArgMax" => {
-            input
-        }
-        "Cast" | "CastLike" | "Identity" | "Dropout" => 0,
-        op => match spec("", op).map(|s| s.family) {
-            Some(Family::Unary | Family::Broadcast) => out,
-            _ => 0,
-        },
-    }
+    let out = elements(inference, node.output(0));
+    let w = input_shape(node, inference, 1);
+    let per_input = per_sample_elements(&w[1.min(w.len())..]);
+    2u64.saturating_mul(input).saturating_mul(per_input).saturating_add(bias_flops(node, out))
+}
+
+pub(crate) fn gemm_flops(node: &Node, inference: &Inference) -> u64 {
+    let out = elements(inference, node.output(0));
+    let a = input_shape(node, inference, 0);
+    let k = if node.attr_int("transA", 0).unwrap_or(0) != 0 { fixed_dim(&a, 0) } else { fixed_dim(&a, 1) };
+    2u64.saturating_mul(out).saturating_mul(k).saturating_add(bias_flops(node, out))
+}
+
+pub(crate) fn matmul_flops(node: &Node, inference: &Inference) -> u64 {
+    let out = elements(inference, node.output(0));
+    let a = input_shape(node, inference, 0);
+    2u64.saturating_mul(out).saturating_mul(fixed_dim(&a, a.len().saturating_sub(1)))
+}
+
+/// One per window element per output element (pooling).
+pub(crate) fn window_flops(node: &Node, inference: &Inference) -> u64 {
+    let out = elements(inference, node.output(0));
+    let k = node
+        .attr_ints("kernel_shape")
+        .ok()
+        .flatten()
+        .map_or(1, |k| k.iter().fold(1u64, |acc, &v| acc.saturating_mul(v.max(1) as u64)));
+    out.saturating_mul(k)
 }

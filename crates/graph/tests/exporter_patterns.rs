@@ -29,6 +29,33 @@ fn integer_shape_arithmetic_folds_to_constants() {
 }
 
 #[test]
+fn greater_or_equal_and_less_or_equal_fold_in_shape_arithmetic() {
+    // Dynamo writes `x >= y` on shape values (VGG's adaptive pooling) as GreaterOrEqual.
+    let nodes = vec![
+        scalar("three", 3),
+        scalar("four", 4),
+        scalar("five", 5),
+        scalar("two", 2),
+        scalar("one", 1),
+        scalar("ten", 10),
+        Node::new("ge", "GreaterOrEqual", &["three", "three"], &["ge_true"]),
+        Node::new("pick_ge", "Where", &["ge_true", "two", "five"], &["from_ge"]),
+        Node::new("le", "LessOrEqual", &["five", "four"], &["le_false"]),
+        Node::new("pick_le", "Where", &["le_false", "ten", "one"], &["from_le"]),
+        Node::new("add", "Add", &["from_ge", "from_le"], &["sum"]),
+        ints("shape", &[1]),
+        Node::new("reshape", "Reshape", &["sum", "shape"], &["end"]),
+        ints("start", &[0]),
+        ints("axes", &[1]),
+        Node::new("slice", "Slice", &["x", "start", "end", "axes"], &["y"]),
+    ];
+    let model = prepare(model(17, vec![input("x", "batch 6")], nodes, &["y"])).unwrap();
+    // (3 >= 3 ? 2 : 5) + (5 <= 4 ? 10 : 1) = 3 elements of axis 1.
+    assert_eq!(shape_of(&model, "y"), "batch×3");
+    assert!(model.graph.nodes.iter().all(|n| !n.op_type.ends_with("OrEqual")), "both were folded");
+}
+
+#[test]
 fn mod_follows_the_divisor_sign_unless_fmod() {
     let nodes = |fmod: i64| {
         vec![

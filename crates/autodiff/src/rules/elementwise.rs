@@ -3,231 +3,323 @@
 use super::{InputGrads, RuleCx};
 use crate::error::Result;
 
-pub(super) const OPS: &[&str] = &[
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Sqrt",
-    "Relu",
-    "LeakyRelu",
-    "Sigmoid",
-    "Tanh",
-    "Erf",
-    "Exp",
-    "Log",
-    "Neg",
-    "Reciprocal",
-    "Abs",
-    "Identity",
-    "Cast",
-    "CastLike",
-    "Clip",
-    "Gelu",
-    "Where",
-    "Dropout",
-    "Softplus",
-    "HardSigmoid",
-    "HardSwish",
-    "Max",
-    "Min",
-];
+pub(super) fn add(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    add_sub(cx, false)
+}
 
-pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn sub(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    add_sub(cx, true)
+}
+
+fn add_sub(cx: &mut RuleCx<'_>, negate_second: bool) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let mut g = cx.none();
-    let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
-    match cx.node.op_type.as_str() {
-        "Add" | "Sub" => {
-            if cx.need(0) {
-                g[0] = Some(cx.unbroadcast(&dy, 0)?);
-            }
-            if cx.need(1) {
-                let d = if cx.node.op_type == "Sub" { cx.e.neg(&dy) } else { dy.clone() };
-                g[1] = Some(cx.unbroadcast(&d, 1)?);
-            }
-        }
-        "Mul" => {
-            let b = cx.x(1).to_string();
-            if cx.need(0) {
-                let d = cx.e.mul(&dy, &b);
-                g[0] = Some(cx.unbroadcast(&d, 0)?);
-            }
-            if cx.need(1) {
-                let d = cx.e.mul(&dy, &x);
-                g[1] = Some(cx.unbroadcast(&d, 1)?);
-            }
-        }
-        "Div" => {
-            let b = cx.x(1).to_string();
-            let q = cx.e.div(&dy, &b);
-            if cx.need(0) {
-                g[0] = Some(cx.unbroadcast(&q, 0)?);
-            }
-            if cx.need(1) {
-                // d(a/b)/db = -(a/b)/b: reuse the forward quotient.
-                let t = cx.e.mul(&q, &y);
-                let d = cx.e.neg(&t);
-                g[1] = Some(cx.unbroadcast(&d, 1)?);
-            }
-        }
-        "Pow" => {
-            let b = cx.x(1).to_string();
-            if cx.need(0) {
-                let one = cx.e.scalar(1.0);
-                let bm1 = cx.e.sub(&b, &one);
-                let p = cx.e.op("Pow", &[&x, &bm1], vec![]);
-                let t = cx.e.mul(&p, &b);
-                let d = cx.e.mul(&dy, &t);
-                g[0] = Some(cx.unbroadcast(&d, 0)?);
-            }
-            if cx.need(1) {
-                let ln = cx.e.op("Log", &[&x], vec![]);
-                let t = cx.e.mul(&y, &ln);
-                let d = cx.e.mul(&dy, &t);
-                g[1] = Some(cx.unbroadcast(&d, 1)?);
-            }
-        }
-        "Sqrt" => {
-            let t = cx.e.div(&dy, &y);
-            g[0] = Some(cx.e.scale(&t, 0.5));
-        }
-        "Relu" => {
-            let zero = cx.e.scalar(0.0);
-            let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
-            g[0] = Some(cx.e.op("Where", &[&pos, &dy, &zero], vec![]));
-        }
-        "LeakyRelu" => {
-            let alpha = cx.node.attr_float("alpha", 0.01)? as f64;
-            let zero = cx.e.scalar(0.0);
-            let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
-            let scaled = cx.e.scale(&dy, alpha);
-            g[0] = Some(cx.e.op("Where", &[&pos, &dy, &scaled], vec![]));
-        }
-        "Sigmoid" => {
-            let one = cx.e.scalar(1.0);
-            let omy = cx.e.sub(&one, &y);
-            let t = cx.e.mul(&y, &omy);
-            g[0] = Some(cx.e.mul(&dy, &t));
-        }
-        "Tanh" => {
-            let one = cx.e.scalar(1.0);
-            let y2 = cx.e.mul(&y, &y);
-            let t = cx.e.sub(&one, &y2);
-            g[0] = Some(cx.e.mul(&dy, &t));
-        }
-        "Erf" => {
-            let x2 = cx.e.mul(&x, &x);
-            let nx2 = cx.e.neg(&x2);
-            let ex = cx.e.op("Exp", &[&nx2], vec![]);
-            let t = cx.e.scale(&ex, 2.0 / std::f64::consts::PI.sqrt());
-            g[0] = Some(cx.e.mul(&dy, &t));
-        }
-        "Exp" => g[0] = Some(cx.e.mul(&dy, &y)),
-        "Log" => g[0] = Some(cx.e.div(&dy, &x)),
-        "Neg" => g[0] = Some(cx.e.neg(&dy)),
-        "Reciprocal" => {
-            let y2 = cx.e.mul(&y, &y);
-            let t = cx.e.mul(&dy, &y2);
-            g[0] = Some(cx.e.neg(&t));
-        }
-        "Abs" => {
-            let s = cx.e.op("Sign", &[&x], vec![]);
-            g[0] = Some(cx.e.mul(&dy, &s));
-        }
-        "Identity" | "Dropout" => g[0] = Some(dy),
-        "Cast" | "CastLike" => {
-            let from = cx.types.types.get(&x).and_then(|t| t.dtype).ok_or_else(|| cx.err("input type unknown"))?;
-            g[0] = Some(cx.e.cast(&dy, from));
-        }
-        "Clip" => {
-            // Like PyTorch's hardtanh: the gradient passes strictly inside (min, max).
-            let zero = cx.e.scalar(0.0);
-            let mut mask: Option<String> = None;
-            for (i, op) in [(1, "Greater"), (2, "Less")] {
-                if let Some(bound) = cx.node.input(i) {
-                    let m = cx.e.op(op, &[&x, bound], vec![]);
-                    mask = Some(match mask {
-                        Some(prev) => cx.e.op("And", &[&prev, &m], vec![]),
-                        None => m,
-                    });
-                }
-            }
-            g[0] = Some(match mask {
-                Some(m) => cx.e.op("Where", &[&m, &dy, &zero], vec![]),
-                None => dy,
+    if cx.need(0) {
+        g[0] = Some(cx.unbroadcast(&dy, 0)?);
+    }
+    if cx.need(1) {
+        let d = if negate_second { cx.e.neg(&dy) } else { dy.clone() };
+        g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    Ok(g)
+}
+
+pub(super) fn mul(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let b = cx.x(1).to_string();
+    if cx.need(0) {
+        let d = cx.e.mul(&dy, &b);
+        g[0] = Some(cx.unbroadcast(&d, 0)?);
+    }
+    if cx.need(1) {
+        let d = cx.e.mul(&dy, &x);
+        g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    Ok(g)
+}
+
+pub(super) fn div(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    let b = cx.x(1).to_string();
+    let q = cx.e.div(&dy, &b);
+    if cx.need(0) {
+        g[0] = Some(cx.unbroadcast(&q, 0)?);
+    }
+    if cx.need(1) {
+        // d(a/b)/db = -(a/b)/b: reuse the forward quotient.
+        let t = cx.e.mul(&q, &y);
+        let d = cx.e.neg(&t);
+        g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    Ok(g)
+}
+
+pub(super) fn pow(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let y = cx.y(0).to_string();
+    let b = cx.x(1).to_string();
+    if cx.need(0) {
+        let one = cx.e.scalar(1.0);
+        let bm1 = cx.e.sub(&b, &one);
+        let p = cx.e.op("Pow", &[&x, &bm1], vec![]);
+        let t = cx.e.mul(&p, &b);
+        let d = cx.e.mul(&dy, &t);
+        g[0] = Some(cx.unbroadcast(&d, 0)?);
+    }
+    if cx.need(1) {
+        let ln = cx.e.op("Log", &[&x], vec![]);
+        let t = cx.e.mul(&y, &ln);
+        let d = cx.e.mul(&dy, &t);
+        g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    Ok(g)
+}
+
+pub(super) fn sqrt(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    let t = cx.e.div(&dy, &y);
+    g[0] = Some(cx.e.scale(&t, 0.5));
+    Ok(g)
+}
+
+pub(super) fn relu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let zero = cx.e.scalar(0.0);
+    let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+    g[0] = Some(cx.e.op("Where", &[&pos, &dy, &zero], vec![]));
+    Ok(g)
+}
+
+pub(super) fn leaky_relu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let alpha = cx.node.attr_float("alpha", 0.01)? as f64;
+    let zero = cx.e.scalar(0.0);
+    let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+    let scaled = cx.e.scale(&dy, alpha);
+    g[0] = Some(cx.e.op("Where", &[&pos, &dy, &scaled], vec![]));
+    Ok(g)
+}
+
+pub(super) fn sigmoid(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    let one = cx.e.scalar(1.0);
+    let omy = cx.e.sub(&one, &y);
+    let t = cx.e.mul(&y, &omy);
+    g[0] = Some(cx.e.mul(&dy, &t));
+    Ok(g)
+}
+
+pub(super) fn tanh(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    let one = cx.e.scalar(1.0);
+    let y2 = cx.e.mul(&y, &y);
+    let t = cx.e.sub(&one, &y2);
+    g[0] = Some(cx.e.mul(&dy, &t));
+    Ok(g)
+}
+
+pub(super) fn erf(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let x2 = cx.e.mul(&x, &x);
+    let nx2 = cx.e.neg(&x2);
+    let ex = cx.e.op("Exp", &[&nx2], vec![]);
+    let t = cx.e.scale(&ex, 2.0 / std::f64::consts::PI.sqrt());
+    g[0] = Some(cx.e.mul(&dy, &t));
+    Ok(g)
+}
+
+pub(super) fn exp(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    g[0] = Some(cx.e.mul(&dy, &y));
+    Ok(g)
+}
+
+pub(super) fn log(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    g[0] = Some(cx.e.div(&dy, &x));
+    Ok(g)
+}
+
+pub(super) fn neg(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    g[0] = Some(cx.e.neg(&dy));
+    Ok(g)
+}
+
+pub(super) fn reciprocal(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    let y2 = cx.e.mul(&y, &y);
+    let t = cx.e.mul(&dy, &y2);
+    g[0] = Some(cx.e.neg(&t));
+    Ok(g)
+}
+
+pub(super) fn abs(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let s = cx.e.op("Sign", &[&x], vec![]);
+    g[0] = Some(cx.e.mul(&dy, &s));
+    Ok(g)
+}
+
+pub(super) fn pass_through(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    g[0] = Some(dy);
+    Ok(g)
+}
+
+pub(super) fn cast(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let from = cx.types.types.get(&x).and_then(|t| t.dtype).ok_or_else(|| cx.err("input type unknown"))?;
+    g[0] = Some(cx.e.cast(&dy, from));
+    Ok(g)
+}
+
+pub(super) fn clip(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    // Like PyTorch's hardtanh: the gradient passes strictly inside (min, max).
+    let zero = cx.e.scalar(0.0);
+    let mut mask: Option<String> = None;
+    for (i, op) in [(1, "Greater"), (2, "Less")] {
+        if let Some(bound) = cx.node.input(i) {
+            let m = cx.e.op(op, &[&x, bound], vec![]);
+            mask = Some(match mask {
+                Some(prev) => cx.e.op("And", &[&prev, &m], vec![]),
+                None => m,
             });
         }
-        "Gelu" => {
-            let approximate = cx.node.attr_string("approximate", "none")?;
-            g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf_grad(cx, &x, &dy) });
-        }
-        "HardSigmoid" => {
-            // y = clip(αx + β, 0, 1): the slope α strictly inside, as PyTorch's hardsigmoid.
-            let alpha = cx.node.attr_float("alpha", 0.2)? as f64;
-            let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
-            let above = cx.e.op("Greater", &[&y, &zero], vec![]);
-            let below = cx.e.op("Less", &[&y, &one], vec![]);
-            let inside = cx.e.op("And", &[&above, &below], vec![]);
-            let scaled = cx.e.scale(&dy, alpha);
-            g[0] = Some(cx.e.op("Where", &[&inside, &scaled, &zero], vec![]));
-        }
-        "HardSwish" => {
-            // y = x·clip(x/6 + 1/2, 0, 1); PyTorch's hardswish_backward: 0 below −3, x/3 + 1/2
-            // on [−3, 3], 1 above.
-            let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
-            let (low, high) = (cx.e.scalar(-3.0), cx.e.scalar(3.0));
-            let third = cx.e.scale(&x, 1.0 / 3.0);
-            let half = cx.e.scalar(0.5);
-            let slope = cx.e.add(&third, &half);
-            let above = cx.e.op("Greater", &[&x, &high], vec![]);
-            let upper = cx.e.op("Where", &[&above, &one, &slope], vec![]);
-            let under = cx.e.op("Less", &[&x, &low], vec![]);
-            let d = cx.e.op("Where", &[&under, &zero, &upper], vec![]);
-            g[0] = Some(cx.e.mul(&dy, &d));
-        }
-        "Softplus" => {
-            let s = cx.e.op("Sigmoid", &[&x], vec![]);
-            g[0] = Some(cx.e.mul(&dy, &s));
-        }
-        "Where" => {
-            let c = cx.x(0).to_string();
-            let zero = cx.e.scalar(0.0);
-            if cx.need(1) {
-                let d = cx.e.op("Where", &[&c, &dy, &zero], vec![]);
-                g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    g[0] = Some(match mask {
+        Some(m) => cx.e.op("Where", &[&m, &dy, &zero], vec![]),
+        None => dy,
+    });
+    Ok(g)
+}
+
+pub(super) fn gelu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let approximate = cx.node.attr_string("approximate", "none")?;
+    g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf_grad(cx, &x, &dy) });
+    Ok(g)
+}
+
+pub(super) fn hard_sigmoid(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    // y = clip(αx + β, 0, 1): the slope α strictly inside, as PyTorch's hardsigmoid.
+    let alpha = cx.node.attr_float("alpha", 0.2)? as f64;
+    let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
+    let above = cx.e.op("Greater", &[&y, &zero], vec![]);
+    let below = cx.e.op("Less", &[&y, &one], vec![]);
+    let inside = cx.e.op("And", &[&above, &below], vec![]);
+    let scaled = cx.e.scale(&dy, alpha);
+    g[0] = Some(cx.e.op("Where", &[&inside, &scaled, &zero], vec![]));
+    Ok(g)
+}
+
+pub(super) fn hard_swish(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    // y = x·clip(x/6 + 1/2, 0, 1); PyTorch's hardswish_backward: 0 below −3, x/3 + 1/2
+    // on [−3, 3], 1 above.
+    let (zero, one) = (cx.e.scalar(0.0), cx.e.scalar(1.0));
+    let (low, high) = (cx.e.scalar(-3.0), cx.e.scalar(3.0));
+    let third = cx.e.scale(&x, 1.0 / 3.0);
+    let half = cx.e.scalar(0.5);
+    let slope = cx.e.add(&third, &half);
+    let above = cx.e.op("Greater", &[&x, &high], vec![]);
+    let upper = cx.e.op("Where", &[&above, &one, &slope], vec![]);
+    let under = cx.e.op("Less", &[&x, &low], vec![]);
+    let d = cx.e.op("Where", &[&under, &zero, &upper], vec![]);
+    g[0] = Some(cx.e.mul(&dy, &d));
+    Ok(g)
+}
+
+pub(super) fn softplus(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let s = cx.e.op("Sigmoid", &[&x], vec![]);
+    g[0] = Some(cx.e.mul(&dy, &s));
+    Ok(g)
+}
+
+pub(super) fn where_(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let c = cx.x(0).to_string();
+    let zero = cx.e.scalar(0.0);
+    if cx.need(1) {
+        let d = cx.e.op("Where", &[&c, &dy, &zero], vec![]);
+        g[1] = Some(cx.unbroadcast(&d, 1)?);
+    }
+    if cx.need(2) {
+        let d = cx.e.op("Where", &[&c, &zero, &dy], vec![]);
+        g[2] = Some(cx.unbroadcast(&d, 2)?);
+    }
+    Ok(g)
+}
+
+pub(super) fn max_min(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let y = cx.y(0).to_string();
+    // The gradient goes to the first input that attains the result.
+    let zero = cx.e.scalar(0.0);
+    let mut taken: Option<String> = None;
+    for (i, grad) in g.iter_mut().enumerate() {
+        let xi = cx.x(i).to_string();
+        let hit = cx.e.op("Equal", &[&xi, &y], vec![]);
+        let first = match &taken {
+            Some(t) => {
+                let free = cx.e.op("Not", &[t], vec![]);
+                cx.e.op("And", &[&hit, &free], vec![])
             }
-            if cx.need(2) {
-                let d = cx.e.op("Where", &[&c, &zero, &dy], vec![]);
-                g[2] = Some(cx.unbroadcast(&d, 2)?);
-            }
+            None => hit.clone(),
+        };
+        if cx.need(i) {
+            let d = cx.e.op("Where", &[&first, &dy, &zero], vec![]);
+            *grad = Some(cx.unbroadcast(&d, i)?);
         }
-        "Max" | "Min" => {
-            // The gradient goes to the first input that attains the result.
-            let zero = cx.e.scalar(0.0);
-            let mut taken: Option<String> = None;
-            for (i, grad) in g.iter_mut().enumerate() {
-                let xi = cx.x(i).to_string();
-                let hit = cx.e.op("Equal", &[&xi, &y], vec![]);
-                let first = match &taken {
-                    Some(t) => {
-                        let free = cx.e.op("Not", &[t], vec![]);
-                        cx.e.op("And", &[&hit, &free], vec![])
-                    }
-                    None => hit.clone(),
-                };
-                if cx.need(i) {
-                    let d = cx.e.op("Where", &[&first, &dy, &zero], vec![]);
-                    *grad = Some(cx.unbroadcast(&d, i)?);
-                }
-                taken = Some(match taken {
-                    Some(t) => cx.e.op("Or", &[&t, &hit], vec![]),
-                    None => hit,
-                });
-            }
-        }
-        other => return Err(cx.err(format!("no element-wise rule for {other}"))),
+        taken = Some(match taken {
+            Some(t) => cx.e.op("Or", &[&t, &hit], vec![]),
+            None => hit,
+        });
     }
     Ok(g)
 }

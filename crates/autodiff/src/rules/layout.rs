@@ -6,102 +6,110 @@ use crate::error::Result;
 use edgefreeze_graph::DataType;
 use edgefreeze_graph::ir::Attribute;
 
-pub(super) const OPS: &[&str] = &[
-    "Reshape",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Transpose",
-    "Concat",
-    "Split",
-    "Slice",
-    "Gather",
-    "GatherND",
-    "Expand",
-    "Pad",
-];
-
-pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    let mut g = cx.none();
+pub(super) fn reshape(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let x = cx.x(0).to_string();
-    match cx.node.op_type.as_str() {
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            let dy = cx.dy()?;
-            g[0] = Some(cx.e.reshape_like(&dy, &x));
-        }
-        "Transpose" => {
-            let dy = cx.dy()?;
-            let rank = cx.shape(&x)?.len();
-            let perm: Vec<i64> = match cx.node.attr_ints("perm")? {
-                Some(p) => p.iter().map(|&a| if a < 0 { a + rank as i64 } else { a }).collect(),
-                None => (0..rank as i64).rev().collect(),
-            };
-            let mut inverse = vec![0i64; rank];
-            for (i, &p) in perm.iter().enumerate() {
-                inverse[p as usize] = i as i64;
-            }
-            g[0] = Some(cx.e.transpose(&dy, &inverse));
-        }
-        "Concat" => {
-            let dy = cx.dy()?;
-            let rank = cx.shape(&x)?.len() as i64;
-            let axis = cx.node.attr_int("axis", 0)?;
-            let axis = if axis < 0 { axis + rank } else { axis };
-            let mut offset = 0i64;
-            for (i, grad) in g.iter_mut().enumerate() {
-                let size = cx.shape(cx.x(i))?[axis as usize]
-                    .fixed()
-                    .ok_or_else(|| cx.err("concatenated sizes must be known"))? as i64;
-                if cx.need(i) {
-                    let starts = cx.e.ints(&[offset]);
-                    let ends = cx.e.ints(&[offset + size]);
-                    let axes = cx.e.ints(&[axis]);
-                    *grad = Some(cx.e.op("Slice", &[&dy, &starts, &ends, &axes], vec![]));
-                }
-                offset += size;
-            }
-        }
-        "Split" => {
-            let axis = cx.node.attr_int("axis", 0)?;
-            let mut parts = Vec::new();
-            for k in 0..cx.node.outputs.len() {
-                let part = match cx.grads[k].clone() {
-                    Some(d) => d,
-                    None => {
-                        // An output without a gradient contributes zeros of its shape.
-                        let out = cx.y(k).to_string();
-                        let shape = cx.e.shape_of(&out);
-                        let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
-                        cx.e.op("ConstantOfShape", &[&shape], vec![("value", Attribute::Tensor(zero))])
-                    }
-                };
-                parts.push(part);
-            }
-            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-            g[0] = Some(cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(axis))]));
-        }
-        "Slice" => {
-            let dy = cx.dy()?;
-            g[0] = Some(slice_grad(cx, &x, &dy)?);
-        }
-        "Gather" => {
-            let dy = cx.dy()?;
-            g[0] = Some(gather_grad(cx, &x, &dy)?);
-        }
-        "Pad" => {
-            let dy = cx.dy()?;
-            g[0] = Some(pad_grad(cx, &dy)?);
-        }
-        "GatherND" => {
-            let dy = cx.dy()?;
-            g[0] = Some(gather_nd_grad(cx, &x, &dy)?);
-        }
-        "Expand" => {
-            let dy = cx.dy()?;
-            g[0] = Some(cx.unbroadcast(&dy, 0)?);
-        }
-        other => return Err(cx.err(format!("no layout rule for {other}"))),
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(cx.e.reshape_like(&dy, &x));
+    Ok(g)
+}
+
+pub(super) fn transpose(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let x = cx.x(0).to_string();
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let rank = cx.shape(&x)?.len();
+    let perm: Vec<i64> = match cx.node.attr_ints("perm")? {
+        Some(p) => p.iter().map(|&a| if a < 0 { a + rank as i64 } else { a }).collect(),
+        None => (0..rank as i64).rev().collect(),
+    };
+    let mut inverse = vec![0i64; rank];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p as usize] = i as i64;
     }
+    g[0] = Some(cx.e.transpose(&dy, &inverse));
+    Ok(g)
+}
+
+pub(super) fn concat(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let x = cx.x(0).to_string();
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let rank = cx.shape(&x)?.len() as i64;
+    let axis = cx.node.attr_int("axis", 0)?;
+    let axis = if axis < 0 { axis + rank } else { axis };
+    let mut offset = 0i64;
+    for (i, grad) in g.iter_mut().enumerate() {
+        let size =
+            cx.shape(cx.x(i))?[axis as usize].fixed().ok_or_else(|| cx.err("concatenated sizes must be known"))? as i64;
+        if cx.need(i) {
+            let starts = cx.e.ints(&[offset]);
+            let ends = cx.e.ints(&[offset + size]);
+            let axes = cx.e.ints(&[axis]);
+            *grad = Some(cx.e.op("Slice", &[&dy, &starts, &ends, &axes], vec![]));
+        }
+        offset += size;
+    }
+    Ok(g)
+}
+
+pub(super) fn split(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let axis = cx.node.attr_int("axis", 0)?;
+    let mut parts = Vec::new();
+    for k in 0..cx.node.outputs.len() {
+        let part = match cx.grads[k].clone() {
+            Some(d) => d,
+            None => {
+                // An output without a gradient contributes zeros of its shape.
+                let out = cx.y(k).to_string();
+                let shape = cx.e.shape_of(&out);
+                let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
+                cx.e.op("ConstantOfShape", &[&shape], vec![("value", Attribute::Tensor(zero))])
+            }
+        };
+        parts.push(part);
+    }
+    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+    g[0] = Some(cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(axis))]));
+    Ok(g)
+}
+
+pub(super) fn slice(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let x = cx.x(0).to_string();
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(slice_grad(cx, &x, &dy)?);
+    Ok(g)
+}
+
+pub(super) fn gather(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let x = cx.x(0).to_string();
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(gather_grad(cx, &x, &dy)?);
+    Ok(g)
+}
+
+pub(super) fn pad(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(pad_grad(cx, &dy)?);
+    Ok(g)
+}
+
+pub(super) fn gather_nd(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let x = cx.x(0).to_string();
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(gather_nd_grad(cx, &x, &dy)?);
+    Ok(g)
+}
+
+pub(super) fn expand(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    g[0] = Some(cx.unbroadcast(&dy, 0)?);
     Ok(g)
 }
 

@@ -4,15 +4,6 @@ use super::{InputGrads, RuleCx};
 use crate::error::Result;
 use edgefreeze_graph::ir::{Attribute, Dim};
 
-pub(super) const OPS: &[&str] = &["Gemm", "MatMul"];
-
-pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    match cx.node.op_type.as_str() {
-        "Gemm" => gemm(cx),
-        _ => matmul(cx),
-    }
-}
-
 fn gemm_node(cx: &mut RuleCx<'_>, a: &str, b: &str, trans_a: bool, trans_b: bool, alpha: f32) -> String {
     let mut attrs = vec![("transA", Attribute::Int(trans_a as i64)), ("transB", Attribute::Int(trans_b as i64))];
     if alpha != 1.0 {
@@ -22,7 +13,7 @@ fn gemm_node(cx: &mut RuleCx<'_>, a: &str, b: &str, trans_a: bool, trans_b: bool
 }
 
 /// Y = α·A'·B' + β·C with A' = Aᵀ if transA, B' = Bᵀ if transB.
-fn gemm(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn gemm(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let n = cx.node;
     let (ta, tb) = (n.attr_int("transA", 0)? != 0, n.attr_int("transB", 0)? != 0);
@@ -53,7 +44,7 @@ fn swap_last_two(cx: &mut RuleCx<'_>, x: &str, rank: usize) -> String {
 }
 
 /// Batched, broadcasting Y = A·B over the last two axes.
-fn matmul(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn matmul(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let (a, b) = (cx.x(0).to_string(), cx.x(1).to_string());
     let (sa, sb, sy) = (cx.shape(&a)?, cx.shape(&b)?, cx.shape(cx.y(0))?);

@@ -106,32 +106,252 @@ impl RuleCx<'_> {
     }
 }
 
-/// Whether an op has a gradient rule.
-pub fn has_rule(node: &Node) -> bool {
-    (node.domain.is_empty() || node.domain == "ai.onnx")
-        && (elementwise::OPS.contains(&node.op_type.as_str())
-            || linear::OPS.contains(&node.op_type.as_str())
-            || normalization::OPS.contains(&node.op_type.as_str())
-            || layout::OPS.contains(&node.op_type.as_str())
-            || spatial::OPS.contains(&node.op_type.as_str()))
+/// A gradient rule: emits the gradients of a node's inputs, in input order.
+pub type RuleFn = fn(&mut RuleCx<'_>) -> Result<InputGrads>;
+
+/// What the reverse pass does with an op: one entry per op in [`GRADIENTS`].
+#[derive(Debug, Clone, Copy)]
+pub enum Gradient {
+    /// Its rule.
+    Rule(RuleFn),
+    /// Its outputs carry no gradient by nature (integer, boolean or shape values, or
+    /// constants): the reverse pass stops at it, and it never blocks training.
+    NoGradient {
+        /// Why.
+        reason: &'static str,
+    },
+    /// No rule. Where its inputs are integers (shape arithmetic) no gradient reaches it; on
+    /// a floating-point path from a trainable parameter to the loss it blocks training.
+    NotDifferentiable {
+        /// Why there is no rule.
+        reason: &'static str,
+    },
+    /// Rewritten before the reverse pass into primitive ops whose rules apply
+    /// ([`crate::training_mode`]: BatchNormalization, LayerNormalization).
+    Expanded,
 }
 
-/// Emits the gradients of a node's inputs.
+/// One op's entry in [`GRADIENTS`].
+#[derive(Debug, Clone, Copy)]
+pub struct GradSpec {
+    /// Op type in the default domain.
+    pub op_type: &'static str,
+    /// Its gradient.
+    pub gradient: Gradient,
+}
+
+use Gradient::{Expanded, Rule};
+use {elementwise as ew, layout as ly, linear as li, normalization as nm, spatial as sp};
+
+const fn rule(op_type: &'static str, rule: RuleFn) -> GradSpec {
+    GradSpec { op_type, gradient: Rule(rule) }
+}
+
+const fn no_gradient(op_type: &'static str, reason: &'static str) -> GradSpec {
+    GradSpec { op_type, gradient: Gradient::NoGradient { reason } }
+}
+
+const fn not_differentiable(op_type: &'static str, reason: &'static str) -> GradSpec {
+    GradSpec { op_type, gradient: Gradient::NotDifferentiable { reason } }
+}
+
+const INTEGER: &str = "integer or boolean output";
+const SHAPE: &str = "its output is a shape computation, not a function of the input's values";
+const CONSTANT: &str = "a constant";
+const STEP: &str = "a step function (zero derivative almost everywhere); exporters use it on integer shape values";
+const NOT_YET: &str = "no gradient rule yet";
+
+/// The gradient of every op the graph crate accepts (its [`edgefreeze_graph::ops::OPS`]),
+/// grouped as that table is. Adding an op: an entry here beside its entry there; the test
+/// `every_accepted_op_has_a_gradient_entry` fails until both exist.
+pub static GRADIENTS: &[GradSpec] = &[
+    // Element-wise, one input.
+    rule("Abs", ew::abs),
+    rule("Cast", ew::cast),
+    rule("CastLike", ew::cast),
+    not_differentiable("Ceil", STEP),
+    rule("Clip", ew::clip),
+    rule("Dropout", ew::pass_through),
+    rule("Erf", ew::erf),
+    rule("Exp", ew::exp),
+    not_differentiable("Floor", STEP),
+    rule("Gelu", ew::gelu),
+    rule("HardSigmoid", ew::hard_sigmoid),
+    rule("HardSwish", ew::hard_swish),
+    rule("Identity", ew::pass_through),
+    rule("LeakyRelu", ew::leaky_relu),
+    rule("Log", ew::log),
+    rule("LogSoftmax", nm::log_softmax),
+    rule("Neg", ew::neg),
+    no_gradient("Not", INTEGER),
+    rule("Reciprocal", ew::reciprocal),
+    rule("Relu", ew::relu),
+    rule("Sigmoid", ew::sigmoid),
+    rule("Softmax", nm::softmax),
+    not_differentiable("Sign", STEP),
+    rule("Softplus", ew::softplus),
+    rule("Sqrt", ew::sqrt),
+    rule("Tanh", ew::tanh),
+    // Element-wise with broadcasting.
+    rule("Add", ew::add),
+    no_gradient("And", INTEGER),
+    rule("Div", ew::div),
+    no_gradient("Equal", INTEGER),
+    no_gradient("Greater", INTEGER),
+    no_gradient("GreaterOrEqual", INTEGER),
+    no_gradient("Less", INTEGER),
+    no_gradient("LessOrEqual", INTEGER),
+    rule("Max", ew::max_min),
+    rule("Min", ew::max_min),
+    not_differentiable("Mod", "integer shape arithmetic in exported models; no rule for a float Mod"),
+    rule("Mul", ew::mul),
+    no_gradient("Or", INTEGER),
+    rule("Pow", ew::pow),
+    rule("Sub", ew::sub),
+    rule("Where", ew::where_),
+    // Convolution and pooling.
+    rule("AveragePool", sp::average_pool),
+    rule("Conv", sp::conv),
+    not_differentiable("ConvTranspose", NOT_YET),
+    rule("GlobalAveragePool", sp::global_average_pool),
+    rule("GlobalMaxPool", sp::global_max_pool),
+    rule("MaxPool", sp::max_pool),
+    // Matrix products.
+    rule("Gemm", li::gemm),
+    rule("MatMul", li::matmul),
+    // Normalisation layers: spelled out in primitive ops for training.
+    GradSpec { op_type: "BatchNormalization", gradient: Expanded },
+    GradSpec { op_type: "LayerNormalization", gradient: Expanded },
+    // Reductions.
+    no_gradient("ArgMax", INTEGER),
+    not_differentiable("ReduceMax", NOT_YET),
+    rule("ReduceMean", nm::reduce_mean),
+    not_differentiable("ReduceMin", NOT_YET),
+    rule("ReduceSum", nm::reduce_sum),
+    // Shape and layout.
+    rule("Concat", ly::concat),
+    rule("Expand", ly::expand),
+    rule("Flatten", ly::reshape),
+    rule("Gather", ly::gather),
+    rule("GatherND", ly::gather_nd),
+    rule("Pad", ly::pad),
+    rule("Reshape", ly::reshape),
+    rule("Slice", ly::slice),
+    rule("Split", ly::split),
+    rule("Squeeze", ly::reshape),
+    rule("Transpose", ly::transpose),
+    not_differentiable("ScatterND", NOT_YET),
+    rule("Unsqueeze", ly::reshape),
+    // Constants and shape computations.
+    no_gradient("Constant", CONSTANT),
+    no_gradient("ConstantOfShape", SHAPE),
+    no_gradient("Range", INTEGER),
+    no_gradient("Shape", SHAPE),
+    no_gradient("Size", SHAPE),
+];
+
+/// The gradient entry of a node's op, or `None` for an op with no entry (not accepted by
+/// the loader either; callers report it naming the node).
+pub fn gradient_of(node: &Node) -> Option<&'static Gradient> {
+    if !(node.domain.is_empty() || node.domain == "ai.onnx") {
+        return None;
+    }
+    GRADIENTS.iter().find(|s| s.op_type == node.op_type).map(|s| &s.gradient)
+}
+
+/// Why a node on a path from a trainable parameter to the loss cannot be differentiated,
+/// or `None` when its entry gives a rule, it carries no gradient, or it is expanded into
+/// ops that have rules.
+pub fn blocked(node: &Node) -> Option<&'static str> {
+    match gradient_of(node) {
+        None => Some("no gradient entry for this op"),
+        Some(Gradient::Rule(_) | Gradient::NoGradient { .. } | Gradient::Expanded) => None,
+        Some(Gradient::NotDifferentiable { reason }) => Some(reason),
+    }
+}
+
+/// Emits the gradients of a node's inputs with its op's rule.
 pub fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    let op = cx.node.op_type.as_str();
-    let grads = if elementwise::OPS.contains(&op) {
-        elementwise::differentiate(cx)?
-    } else if linear::OPS.contains(&op) {
-        linear::differentiate(cx)?
-    } else if normalization::OPS.contains(&op) {
-        normalization::differentiate(cx)?
-    } else if layout::OPS.contains(&op) {
-        layout::differentiate(cx)?
-    } else if spatial::OPS.contains(&op) {
-        spatial::differentiate(cx)?
-    } else {
-        return Err(cx.err("no gradient rule"));
+    let grads = match gradient_of(cx.node) {
+        Some(Gradient::Rule(rule)) => rule(cx)?,
+        Some(Gradient::Expanded) => {
+            return Err(cx.err("must be expanded into primitive ops (training_mode) before the reverse pass"));
+        }
+        Some(Gradient::NoGradient { reason }) => return Err(cx.err(format!("its outputs carry no gradient: {reason}"))),
+        Some(Gradient::NotDifferentiable { reason }) => return Err(cx.err(*reason)),
+        None => return Err(cx.err("no gradient entry for this op")),
     };
     debug_assert_eq!(grads.len(), cx.node.inputs.len());
     Ok(grads)
+}
+
+/// An op missing from one of the two tables, or in the gradient table only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoverageGap {
+    /// The loader accepts the op but the gradient table has no entry for it.
+    NoGradientEntry(&'static str),
+    /// The gradient table has an entry for an op the loader does not accept.
+    NotAccepted(&'static str),
+    /// The gradient table has two entries for the op.
+    Duplicate(&'static str),
+}
+
+/// Checks the gradient table against the ops the loader accepts: every accepted op has an
+/// entry (a rule or an explicit reason why not), and every entry is for an accepted op.
+/// (Every accepted op has a shape rule by construction: the loader accepts exactly the ops
+/// of the graph crate's table, whose entries cannot be built without one.)
+pub fn coverage(accepted: &[&'static str], gradients: &[GradSpec]) -> Vec<CoverageGap> {
+    let mut gaps = Vec::new();
+    for &op in accepted {
+        if !gradients.iter().any(|g| g.op_type == op) {
+            gaps.push(CoverageGap::NoGradientEntry(op));
+        }
+    }
+    for (i, g) in gradients.iter().enumerate() {
+        if !accepted.contains(&g.op_type) {
+            gaps.push(CoverageGap::NotAccepted(g.op_type));
+        }
+        if gradients[..i].iter().any(|h| h.op_type == g.op_type) {
+            gaps.push(CoverageGap::Duplicate(g.op_type));
+        }
+    }
+    gaps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepted() -> Vec<&'static str> {
+        edgefreeze_graph::ops::OPS.iter().map(|s| s.op_type).collect()
+    }
+
+    #[test]
+    fn every_accepted_op_has_a_gradient_entry() {
+        assert_eq!(coverage(&accepted(), GRADIENTS), vec![]);
+    }
+
+    #[test]
+    fn a_missing_gradient_entry_is_reported() {
+        let without_relu: Vec<GradSpec> = GRADIENTS.iter().filter(|g| g.op_type != "Relu").copied().collect();
+        assert_eq!(coverage(&accepted(), &without_relu), vec![CoverageGap::NoGradientEntry("Relu")]);
+    }
+
+    #[test]
+    fn an_entry_for_an_op_the_loader_rejects_is_reported() {
+        let mut extra = GRADIENTS.to_vec();
+        extra.push(not_differentiable("NoSuchOp", NOT_YET));
+        extra.push(rule("Relu", ew::relu));
+        assert_eq!(
+            coverage(&accepted(), &extra),
+            vec![CoverageGap::NotAccepted("NoSuchOp"), CoverageGap::Duplicate("Relu")]
+        );
+    }
+
+    #[test]
+    fn an_op_the_loader_accepts_without_an_entry_is_reported() {
+        let mut more = accepted();
+        more.push("NewOp");
+        assert_eq!(coverage(&more, GRADIENTS), vec![CoverageGap::NoGradientEntry("NewOp")]);
+    }
 }

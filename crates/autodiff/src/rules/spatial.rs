@@ -34,18 +34,6 @@ use edgefreeze_graph::DataType;
 use edgefreeze_graph::infer::Window;
 use edgefreeze_graph::ir::{Attribute, Dim};
 
-pub(super) const OPS: &[&str] = &["Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"];
-
-pub(super) fn differentiate(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    match cx.node.op_type.as_str() {
-        "Conv" => conv(cx),
-        "MaxPool" => max_pool(cx),
-        "AveragePool" => average_pool(cx),
-        "GlobalAveragePool" => global_average_pool(cx),
-        _ => global_max_pool(cx),
-    }
-}
-
 /// The window of a sliding-window node with known spatial sizes and channel count.
 struct Geometry {
     window: Window,
@@ -204,7 +192,7 @@ fn scatter(cx: &mut RuleCx<'_>, values: &str, weight: &str, geo: &Geometry, grou
 }
 
 /// X `[N, C, in...]`, W `[M, C/group, k...]`, optional B `[M]` → Y `[N, M, out...]`.
-fn conv(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn conv(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let (x, w) = (cx.x(0).to_string(), cx.x(1).to_string());
     let w_shape = cx.fixed_shape(&w)?;
@@ -325,7 +313,7 @@ fn lowest(float: DataType) -> f64 {
 }
 
 /// dX = dY routed to every element equal to its window's maximum (all tied elements).
-fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
         return Ok(g);
@@ -439,7 +427,7 @@ fn max_pool_tiled(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometr
 
 /// dX = scatter of dY / count, where count is each window's divisor: its elements inside
 /// the explicitly padded input with `count_include_pad`, inside the input without.
-fn average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
         return Ok(g);
@@ -483,7 +471,7 @@ fn average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 }
 
 /// dX = dY / (spatial size), broadcast over the spatial axes.
-fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
         return Ok(g);
@@ -506,7 +494,7 @@ fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 }
 
 /// dX = dY where X equals its channel's maximum (every tied element), else 0.
-fn global_max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+pub(super) fn global_max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
         return Ok(g);

@@ -6,213 +6,220 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{Attribute, Dim, Shape, fixed_shape, format_shape};
 
-pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
-    let node = cx.node;
-    let out = match node.op_type.as_str() {
-        "Constant" => {
-            let t = constant_value(cx)?;
-            (t.dtype(), fixed_shape(t.dims()))
-        }
-        "Size" => {
-            cx.rank(0)?;
-            (DataType::Int64, vec![])
-        }
-        "ScatterND" => {
-            let (dtype, data) = cx.input(0)?;
-            (dtype, data.clone())
-        }
-        "Pad" => {
-            let (dtype, x) = cx.input(0)?;
-            let pads = cx.const_ints(1)?.ok_or_else(|| cx.err("pads are required"))?;
-            let axes = match cx.const_ints(3)? {
-                Some(a) => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
-                None => (0..x.len()).collect(),
-            };
-            if pads.len() != 2 * axes.len() {
-                return Err(cx.err(format!("pads {pads:?} do not fit {} axes", axes.len())));
-            }
-            let mut out = x.clone();
-            for (k, &axis) in axes.iter().enumerate() {
-                let (begin, end) = (pads[k], pads[k + axes.len()]);
-                out[axis] = match x[axis].fixed() {
-                    Some(n) => {
-                        let size = n as i64 + begin + end;
-                        if size < 0 {
-                            return Err(cx.err(format!("pads {pads:?} remove more than axis {axis} has")));
-                        }
-                        Dim::Fixed(size as usize)
-                    }
-                    None if begin == 0 && end == 0 => x[axis].clone(),
-                    None => Dim::Unknown,
-                };
-            }
-            (dtype, out)
-        }
-        "Shape" => {
-            let rank = cx.rank(0)?;
-            let (start, end) = shape_range(cx, rank)?;
-            (DataType::Int64, vec![Dim::Fixed(end.saturating_sub(start))])
-        }
-        "ConstantOfShape" => {
-            let dtype = match node.attr_tensor("value")? {
-                Some(t) => t.dtype(),
-                None => DataType::Float32,
-            };
-            (dtype, shape_from_input(cx, 0)?)
-        }
-        "Range" => {
-            let dtype = cx.input(0)?.0;
-            let len = match (cx.constant(0), cx.constant(1), cx.constant(2)) {
-                (Some(s), Some(l), Some(d)) => {
-                    let (s, l, d) = (first(s), first(l), first(d));
-                    if d == 0.0 {
-                        return Err(cx.err("delta is zero"));
-                    }
-                    Dim::Fixed(((l - s) / d).ceil().max(0.0) as usize)
-                }
-                _ => Dim::Unknown,
-            };
-            (dtype, vec![len])
-        }
-        "Flatten" => {
-            let (dtype, x) = cx.input(0)?;
-            let axis = node.attr_int("axis", 1)?;
-            let axis = if axis < 0 { axis + x.len() as i64 } else { axis };
-            if axis < 0 || axis > x.len() as i64 {
-                return Err(cx.err(format!("axis {axis} is out of range for rank {}", x.len())));
-            }
-            let (a, b) = x.split_at(axis as usize);
-            (dtype, vec![dims_product(a), dims_product(b)])
-        }
-        "Reshape" => {
-            let (dtype, x) = cx.input(0)?;
-            (dtype, reshape(cx, &x)?)
-        }
-        "Transpose" => {
-            let (dtype, x) = cx.input(0)?;
-            let perm: Vec<usize> = match node.attr_ints("perm")? {
-                Some(p) => p.iter().map(|&a| cx.axis(a, x.len())).collect::<Result<_>>()?,
-                None => (0..x.len()).rev().collect(),
-            };
-            let mut seen = perm.clone();
-            seen.sort_unstable();
-            if seen != (0..x.len()).collect::<Vec<_>>() {
-                return Err(cx.err(format!("perm {perm:?} is not a permutation of rank {}", x.len())));
-            }
-            (dtype, perm.iter().map(|&a| x[a].clone()).collect())
-        }
-        "Concat" => {
-            let (dtype, first) = cx.input(0)?;
-            let axis = cx.axis(node.attr_int("axis", 0)?, first.len())?;
-            let mut out = first.clone();
-            let mut total = first[axis].fixed();
-            for i in 1..node.inputs.len() {
-                if !cx.has_input(i) {
-                    continue;
-                }
-                let (_, s) = cx.input(i)?;
-                if s.len() != first.len() {
-                    return Err(cx.err(format!("inputs have ranks {} and {}", first.len(), s.len())));
-                }
-                total = total.zip(s[axis].fixed()).and_then(|(a, b)| a.checked_add(b));
-                for (k, d) in s.iter().enumerate() {
-                    if k == axis {
-                        continue;
-                    }
-                    if let (Some(a), Some(b)) = (out[k].fixed(), d.fixed())
-                        && a != b
-                    {
-                        return Err(cx.err(format!("inputs differ in axis {k} ({a} vs {b})")));
-                    }
-                    if out[k] == Dim::Unknown {
-                        out[k] = d.clone();
-                    }
-                }
-            }
-            out[axis] = total.map_or(Dim::Unknown, Dim::Fixed);
-            (dtype, out)
-        }
-        "Gather" => {
-            let (dtype, data) = cx.input(0)?;
-            let (index_type, indices) = cx.input(1)?;
-            if !matches!(index_type, DataType::Int32 | DataType::Int64) {
-                return Err(cx.err(format!("indices must be int32 or int64, got {index_type}")));
-            }
-            let axis = cx.axis(node.attr_int("axis", 0)?, data.len())?;
-            let mut out = data[..axis].to_vec();
-            out.extend(indices);
-            out.extend_from_slice(&data[axis + 1..]);
-            (dtype, out)
-        }
-        "GatherND" => {
-            let (dtype, data) = cx.input(0)?;
-            let (index_type, indices) = cx.input(1)?;
-            if index_type != DataType::Int64 {
-                return Err(cx.err(format!("indices must be int64, got {index_type}")));
-            }
-            let batch = node.attr_int("batch_dims", 0)?;
-            let depth = indices
-                .last()
-                .and_then(Dim::fixed)
-                .ok_or_else(|| cx.err("the last axis of the indices (the index depth) must have a known size"))?;
-            if batch < 0 || indices.is_empty() || batch as usize + depth > data.len() || batch as usize >= indices.len()
-            {
-                return Err(cx.err(format!(
-                    "indices {} with batch_dims {batch} do not fit data {}",
-                    format_shape(&indices),
-                    format_shape(&data)
-                )));
-            }
-            let mut out = indices[..indices.len() - 1].to_vec();
-            out.extend_from_slice(&data[batch as usize + depth..]);
-            (dtype, out)
-        }
-        "Unsqueeze" => {
-            let (dtype, x) = cx.input(0)?;
-            let axes = cx.axes(1, 13)?.ok_or_else(|| cx.err("axes are required"))?;
-            let rank = x.len() + axes.len();
-            let mut axes = axes.iter().map(|&a| cx.axis(a, rank)).collect::<Result<Vec<_>>>()?;
-            axes.sort_unstable();
-            if axes.windows(2).any(|w| w[0] == w[1]) {
-                return Err(cx.err(format!("axes {axes:?} repeat an axis")));
-            }
-            let mut out = x.clone();
-            for a in axes {
-                out.insert(a, Dim::Fixed(1));
-            }
-            (dtype, out)
-        }
-        "Squeeze" => {
-            let (dtype, x) = cx.input(0)?;
-            let out = match cx.axes(1, 13)? {
-                Some(axes) => {
-                    let axes = axes.iter().map(|&a| cx.axis(a, x.len())).collect::<Result<Vec<_>>>()?;
-                    for &a in &axes {
-                        if matches!(x[a], Dim::Fixed(n) if n != 1) {
-                            return Err(cx.err(format!("cannot squeeze axis {a} of size {}", x[a])));
-                        }
-                    }
-                    x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect()
-                }
-                None => x.into_iter().filter(|d| *d != Dim::Fixed(1)).collect(),
-            };
-            (dtype, out)
-        }
-        "Expand" => {
-            let (dtype, x) = cx.input(0)?;
-            let target = shape_from_input(cx, 1)?;
-            let out = broadcast_shapes(&[&x, &target])
-                .ok_or_else(|| cx.err(format!("cannot expand {} to {}", format_shape(&x), format_shape(&target))))?;
-            (dtype, out)
-        }
-        "Slice" => {
-            let (dtype, x) = cx.input(0)?;
-            (dtype, slice_shape(cx, &x)?)
-        }
-        "Split" => return split(cx),
-        other => return Err(cx.err(format!("no layout rule for {other}"))),
+pub(crate) fn constant(cx: &Cx<'_>) -> Result<Outputs> {
+    let t = constant_value(cx)?;
+    Ok(vec![(t.dtype(), fixed_shape(t.dims()))])
+}
+
+pub(crate) fn size(cx: &Cx<'_>) -> Result<Outputs> {
+    cx.rank(0)?;
+    Ok(vec![(DataType::Int64, vec![])])
+}
+
+pub(crate) fn scatter_nd(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, data) = cx.input(0)?;
+    Ok(vec![(dtype, data.clone())])
+}
+
+pub(crate) fn pad(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let pads = cx.const_ints(1)?.ok_or_else(|| cx.err("pads are required"))?;
+    let axes = match cx.const_ints(3)? {
+        Some(a) => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
+        None => (0..x.len()).collect(),
     };
-    Ok(vec![out])
+    if pads.len() != 2 * axes.len() {
+        return Err(cx.err(format!("pads {pads:?} do not fit {} axes", axes.len())));
+    }
+    let mut out = x.clone();
+    for (k, &axis) in axes.iter().enumerate() {
+        let (begin, end) = (pads[k], pads[k + axes.len()]);
+        out[axis] = match x[axis].fixed() {
+            Some(n) => {
+                let size = n as i64 + begin + end;
+                if size < 0 {
+                    return Err(cx.err(format!("pads {pads:?} remove more than axis {axis} has")));
+                }
+                Dim::Fixed(size as usize)
+            }
+            None if begin == 0 && end == 0 => x[axis].clone(),
+            None => Dim::Unknown,
+        };
+    }
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn shape(cx: &Cx<'_>) -> Result<Outputs> {
+    let rank = cx.rank(0)?;
+    let (start, end) = shape_range(cx, rank)?;
+    Ok(vec![(DataType::Int64, vec![Dim::Fixed(end.saturating_sub(start))])])
+}
+
+pub(crate) fn constant_of_shape(cx: &Cx<'_>) -> Result<Outputs> {
+    let dtype = match cx.node.attr_tensor("value")? {
+        Some(t) => t.dtype(),
+        None => DataType::Float32,
+    };
+    Ok(vec![(dtype, shape_from_input(cx, 0)?)])
+}
+
+pub(crate) fn range(cx: &Cx<'_>) -> Result<Outputs> {
+    let dtype = cx.input(0)?.0;
+    let len = match (cx.constant(0), cx.constant(1), cx.constant(2)) {
+        (Some(s), Some(l), Some(d)) => {
+            let (s, l, d) = (first(s), first(l), first(d));
+            if d == 0.0 {
+                return Err(cx.err("delta is zero"));
+            }
+            Dim::Fixed(((l - s) / d).ceil().max(0.0) as usize)
+        }
+        _ => Dim::Unknown,
+    };
+    Ok(vec![(dtype, vec![len])])
+}
+
+pub(crate) fn flatten(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let axis = cx.node.attr_int("axis", 1)?;
+    let axis = if axis < 0 { axis + x.len() as i64 } else { axis };
+    if axis < 0 || axis > x.len() as i64 {
+        return Err(cx.err(format!("axis {axis} is out of range for rank {}", x.len())));
+    }
+    let (a, b) = x.split_at(axis as usize);
+    Ok(vec![(dtype, vec![dims_product(a), dims_product(b)])])
+}
+
+pub(crate) fn reshape(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    Ok(vec![(dtype, reshaped(cx, &x)?)])
+}
+
+pub(crate) fn transpose(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let perm: Vec<usize> = match cx.node.attr_ints("perm")? {
+        Some(p) => p.iter().map(|&a| cx.axis(a, x.len())).collect::<Result<_>>()?,
+        None => (0..x.len()).rev().collect(),
+    };
+    let mut seen = perm.clone();
+    seen.sort_unstable();
+    if seen != (0..x.len()).collect::<Vec<_>>() {
+        return Err(cx.err(format!("perm {perm:?} is not a permutation of rank {}", x.len())));
+    }
+    Ok(vec![(dtype, perm.iter().map(|&a| x[a].clone()).collect())])
+}
+
+pub(crate) fn concat(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, first) = cx.input(0)?;
+    let axis = cx.axis(cx.node.attr_int("axis", 0)?, first.len())?;
+    let mut out = first.clone();
+    let mut total = first[axis].fixed();
+    for i in 1..cx.node.inputs.len() {
+        if !cx.has_input(i) {
+            continue;
+        }
+        let (_, s) = cx.input(i)?;
+        if s.len() != first.len() {
+            return Err(cx.err(format!("inputs have ranks {} and {}", first.len(), s.len())));
+        }
+        total = total.zip(s[axis].fixed()).and_then(|(a, b)| a.checked_add(b));
+        for (k, d) in s.iter().enumerate() {
+            if k == axis {
+                continue;
+            }
+            if let (Some(a), Some(b)) = (out[k].fixed(), d.fixed())
+                && a != b
+            {
+                return Err(cx.err(format!("inputs differ in axis {k} ({a} vs {b})")));
+            }
+            if out[k] == Dim::Unknown {
+                out[k] = d.clone();
+            }
+        }
+    }
+    out[axis] = total.map_or(Dim::Unknown, Dim::Fixed);
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn gather(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, data) = cx.input(0)?;
+    let (index_type, indices) = cx.input(1)?;
+    if !matches!(index_type, DataType::Int32 | DataType::Int64) {
+        return Err(cx.err(format!("indices must be int32 or int64, got {index_type}")));
+    }
+    let axis = cx.axis(cx.node.attr_int("axis", 0)?, data.len())?;
+    let mut out = data[..axis].to_vec();
+    out.extend(indices);
+    out.extend_from_slice(&data[axis + 1..]);
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn gather_nd(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, data) = cx.input(0)?;
+    let (index_type, indices) = cx.input(1)?;
+    if index_type != DataType::Int64 {
+        return Err(cx.err(format!("indices must be int64, got {index_type}")));
+    }
+    let batch = cx.node.attr_int("batch_dims", 0)?;
+    let depth = indices
+        .last()
+        .and_then(Dim::fixed)
+        .ok_or_else(|| cx.err("the last axis of the indices (the index depth) must have a known size"))?;
+    if batch < 0 || indices.is_empty() || batch as usize + depth > data.len() || batch as usize >= indices.len() {
+        return Err(cx.err(format!(
+            "indices {} with batch_dims {batch} do not fit data {}",
+            format_shape(&indices),
+            format_shape(&data)
+        )));
+    }
+    let mut out = indices[..indices.len() - 1].to_vec();
+    out.extend_from_slice(&data[batch as usize + depth..]);
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn unsqueeze(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let axes = cx.axes(1, 13)?.ok_or_else(|| cx.err("axes are required"))?;
+    let rank = x.len() + axes.len();
+    let mut axes = axes.iter().map(|&a| cx.axis(a, rank)).collect::<Result<Vec<_>>>()?;
+    axes.sort_unstable();
+    if axes.windows(2).any(|w| w[0] == w[1]) {
+        return Err(cx.err(format!("axes {axes:?} repeat an axis")));
+    }
+    let mut out = x.clone();
+    for a in axes {
+        out.insert(a, Dim::Fixed(1));
+    }
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn squeeze(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let out = match cx.axes(1, 13)? {
+        Some(axes) => {
+            let axes = axes.iter().map(|&a| cx.axis(a, x.len())).collect::<Result<Vec<_>>>()?;
+            for &a in &axes {
+                if matches!(x[a], Dim::Fixed(n) if n != 1) {
+                    return Err(cx.err(format!("cannot squeeze axis {a} of size {}", x[a])));
+                }
+            }
+            x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect()
+        }
+        None => x.into_iter().filter(|d| *d != Dim::Fixed(1)).collect(),
+    };
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn expand(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let target = shape_from_input(cx, 1)?;
+    let out = broadcast_shapes(&[&x, &target])
+        .ok_or_else(|| cx.err(format!("cannot expand {} to {}", format_shape(&x), format_shape(&target))))?;
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn slice(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    Ok(vec![(dtype, slice_shape(cx, &x)?)])
 }
 
 fn first(t: &crate::tensor::Tensor) -> f64 {
@@ -264,7 +271,7 @@ fn sym_to_dim(v: &SymInt) -> Dim {
     }
 }
 
-fn reshape(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
+fn reshaped(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
     let allow_zero = cx.node.attr_int("allowzero", 0)? != 0;
     let Some(target) = cx.symbolic(1) else {
         return shape_from_input(cx, 1);
@@ -390,7 +397,7 @@ fn slice_shape(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
     Ok(out)
 }
 
-fn split(cx: &Cx<'_>) -> Result<Outputs> {
+pub(crate) fn split(cx: &Cx<'_>) -> Result<Outputs> {
     let node = cx.node;
     let (dtype, x) = cx.input(0)?;
     let axis = cx.axis(node.attr_int("axis", 0)?, x.len())?;
@@ -427,53 +434,63 @@ fn split(cx: &Cx<'_>) -> Result<Outputs> {
 }
 
 /// Element-by-element (possibly symbolic) values of rank-0/1 integer outputs of shape
-/// computations.
-pub(super) fn symbolic_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
-    let node = cx.node;
-    Ok(match node.op_type.as_str() {
-        "Shape" => {
-            let Ok((_, x)) = cx.input(0) else { return Ok(None) };
-            let (start, end) = shape_range(cx, x.len())?;
-            Some(x[start..end].iter().map(SymInt::from_dim).collect())
+/// computations: `Shape`'s output is its input's dimensions.
+pub(crate) fn shape_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    let Ok((_, x)) = cx.input(0) else { return Ok(None) };
+    let (start, end) = shape_range(cx, x.len())?;
+    Ok(Some(x[start..end].iter().map(SymInt::from_dim).collect()))
+}
+
+/// Ops that pass their input's values through unchanged (reshapes, `Identity`).
+pub(crate) fn same_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    Ok(cx.symbolic(0))
+}
+
+/// A `Cast` to an integer type keeps the values; one to a float type does not stay symbolic.
+pub(crate) fn cast_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    if !DataType::from_onnx(cx.node.attr_int("to", 0)? as i32)?.is_integer() {
+        return Ok(None);
+    }
+    Ok(cx.symbolic(0))
+}
+
+/// `Gather` along axis 0 with constant indices picks elements.
+pub(crate) fn gather_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    if cx.node.attr_int("axis", 0)? != 0 {
+        return Ok(None);
+    }
+    let (Some(data), Some(indices)) = (cx.symbolic(0), cx.constant(1).and_then(|t| t.to_i64_vec())) else {
+        return Ok(None);
+    };
+    let n = data.len() as i64;
+    let mut picked = Vec::new();
+    for i in indices {
+        let j = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&j) {
+            return Err(cx.err(format!("index {i} is out of range for {n} elements")));
         }
-        "Identity" | "Cast" | "Squeeze" | "Unsqueeze" | "Reshape" => {
-            if node.op_type == "Cast" && !DataType::from_onnx(node.attr_int("to", 0)? as i32)?.is_integer() {
-                return Ok(None);
-            }
-            cx.symbolic(0)
+        picked.push(data[j as usize].clone());
+    }
+    Ok(Some(picked))
+}
+
+/// `Concat` of values known element by element.
+pub(crate) fn concat_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    let mut all = Vec::new();
+    for i in 0..cx.node.inputs.len() {
+        match cx.symbolic(i) {
+            Some(v) => all.extend(v),
+            None => return Ok(None),
         }
-        "Gather" if node.attr_int("axis", 0)? == 0 => {
-            let (Some(data), Some(indices)) = (cx.symbolic(0), cx.constant(1).and_then(|t| t.to_i64_vec())) else {
-                return Ok(None);
-            };
-            let n = data.len() as i64;
-            let mut picked = Vec::new();
-            for i in indices {
-                let j = if i < 0 { i + n } else { i };
-                if !(0..n).contains(&j) {
-                    return Err(cx.err(format!("index {i} is out of range for {n} elements")));
-                }
-                picked.push(data[j as usize].clone());
-            }
-            Some(picked)
-        }
-        "Concat" => {
-            let mut all = Vec::new();
-            for i in 0..node.inputs.len() {
-                match cx.symbolic(i) {
-                    Some(v) => all.extend(v),
-                    None => return Ok(None),
-                }
-            }
-            Some(all)
-        }
-        "Slice" => {
-            let Some(data) = cx.symbolic(0) else { return Ok(None) };
-            let Ok(params) = slice_params(cx, 1) else { return Ok(None) };
-            let Some(&(_, start, end, step)) = params.first() else { return Ok(Some(data)) };
-            let (s, _, len) = slice_bounds(start, end, step, data.len() as i64);
-            Some((0..len as i64).map(|k| data[(s + k * step) as usize].clone()).collect())
-        }
-        _ => None,
-    })
+    }
+    Ok(Some(all))
+}
+
+/// `Slice` of a value known element by element, along its only axis.
+pub(crate) fn slice_value(cx: &Cx<'_>) -> Result<Option<Vec<SymInt>>> {
+    let Some(data) = cx.symbolic(0) else { return Ok(None) };
+    let Ok(params) = slice_params(cx, 1) else { return Ok(None) };
+    let Some(&(_, start, end, step)) = params.first() else { return Ok(Some(data)) };
+    let (s, _, len) = slice_bounds(start, end, step, data.len() as i64);
+    Ok(Some((0..len as i64).map(|k| data[(s + k * step) as usize].clone()).collect()))
 }

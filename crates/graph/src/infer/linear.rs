@@ -5,83 +5,91 @@ use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ir::{Dim, format_shape};
 
-pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
-    let node = cx.node;
-    match node.op_type.as_str() {
-        "Gemm" => {
-            let (dtype, a) = cx.input(0)?;
-            let (_, b) = cx.input(1)?;
-            if a.len() != 2 || b.len() != 2 {
-                return Err(cx.err(format!("Gemm needs matrices, got {} and {}", format_shape(&a), format_shape(&b))));
-            }
-            let (m, ka) = if node.attr_int("transA", 0)? != 0 { (&a[1], &a[0]) } else { (&a[0], &a[1]) };
-            let (kb, n) = if node.attr_int("transB", 0)? != 0 { (&b[1], &b[0]) } else { (&b[0], &b[1]) };
-            check_same(cx, ka, kb, &a, &b)?;
-            Ok(vec![(dtype, vec![m.clone(), n.clone()])])
-        }
-        "MatMul" => {
-            let (dtype, a) = cx.input(0)?;
-            let (_, b) = cx.input(1)?;
-            if a.is_empty() || b.is_empty() {
-                return Err(cx.err("MatMul inputs must have rank at least 1"));
-            }
-            let a2 = if a.len() == 1 { vec![Dim::Fixed(1), a[0].clone()] } else { a.clone() };
-            let b2 = if b.len() == 1 { vec![b[0].clone(), Dim::Fixed(1)] } else { b.clone() };
-            check_same(cx, &a2[a2.len() - 1], &b2[b2.len() - 2], &a, &b)?;
-            let batch = broadcast_shapes(&[&a2[..a2.len() - 2], &b2[..b2.len() - 2]]).ok_or_else(|| {
-                cx.err(format!("batch dimensions of {} and {} do not broadcast", format_shape(&a), format_shape(&b)))
-            })?;
-            let mut out = batch;
-            if a.len() > 1 {
-                out.push(a2[a2.len() - 2].clone());
-            }
-            if b.len() > 1 {
-                out.push(b2[b2.len() - 1].clone());
-            }
-            Ok(vec![(dtype, out)])
-        }
-        "BatchNormalization" => {
-            let (dtype, x) = cx.input(0)?;
-            if x.len() < 2 {
-                return Err(cx.err("input must be N×C×..."));
-            }
-            for i in 1..5 {
-                let (_, p) = cx.input(i)?;
-                if p.len() != 1 || (p[0].fixed().is_some() && x[1].fixed().is_some() && p[0] != x[1]) {
-                    return Err(cx.err(format!("input {i} must be a vector of {} channel values", x[1])));
-                }
-            }
-            let channels = vec![x[1].clone()];
-            Ok(vec![(dtype, x), (dtype, channels.clone()), (dtype, channels)])
-        }
-        "LayerNormalization" => {
-            let (dtype, x) = cx.input(0)?;
-            let axis = cx.axis(node.attr_int("axis", -1)?, x.len())?;
-            let mut stats = x.clone();
-            for d in stats.iter_mut().skip(axis) {
-                *d = Dim::Fixed(1);
-            }
-            let stash = DataType::from_onnx(node.attr_int("stash_type", 1)? as i32).unwrap_or(DataType::Float32);
-            Ok(vec![(dtype, x), (stash, stats.clone()), (stash, stats)])
-        }
-        "ArgMax" => {
-            let (_, x) = cx.input(0)?;
-            let axis = cx.axis(node.attr_int("axis", 0)?, x.len())?;
-            Ok(vec![(DataType::Int64, reduce_shape(&x, &[axis], node.attr_int("keepdims", 1)? != 0))])
-        }
-        _ => {
-            // ReduceSum takes axes as an input from opset 13, the others from opset 18.
-            let since = if node.op_type == "ReduceSum" { 13 } else { 18 };
-            let (dtype, x) = cx.input(0)?;
-            let keep = node.attr_int("keepdims", 1)? != 0;
-            let axes = match cx.axes(1, since)? {
-                Some(a) if !a.is_empty() => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
-                _ if node.attr_int("noop_with_empty_axes", 0)? != 0 => return Ok(vec![(dtype, x)]),
-                _ => (0..x.len()).collect(),
-            };
-            Ok(vec![(dtype, reduce_shape(&x, &axes, keep))])
+pub(crate) fn gemm(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, a) = cx.input(0)?;
+    let (_, b) = cx.input(1)?;
+    if a.len() != 2 || b.len() != 2 {
+        return Err(cx.err(format!("Gemm needs matrices, got {} and {}", format_shape(&a), format_shape(&b))));
+    }
+    let (m, ka) = if cx.node.attr_int("transA", 0)? != 0 { (&a[1], &a[0]) } else { (&a[0], &a[1]) };
+    let (kb, n) = if cx.node.attr_int("transB", 0)? != 0 { (&b[1], &b[0]) } else { (&b[0], &b[1]) };
+    check_same(cx, ka, kb, &a, &b)?;
+    Ok(vec![(dtype, vec![m.clone(), n.clone()])])
+}
+
+pub(crate) fn mat_mul(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, a) = cx.input(0)?;
+    let (_, b) = cx.input(1)?;
+    if a.is_empty() || b.is_empty() {
+        return Err(cx.err("MatMul inputs must have rank at least 1"));
+    }
+    let a2 = if a.len() == 1 { vec![Dim::Fixed(1), a[0].clone()] } else { a.clone() };
+    let b2 = if b.len() == 1 { vec![b[0].clone(), Dim::Fixed(1)] } else { b.clone() };
+    check_same(cx, &a2[a2.len() - 1], &b2[b2.len() - 2], &a, &b)?;
+    let batch = broadcast_shapes(&[&a2[..a2.len() - 2], &b2[..b2.len() - 2]]).ok_or_else(|| {
+        cx.err(format!("batch dimensions of {} and {} do not broadcast", format_shape(&a), format_shape(&b)))
+    })?;
+    let mut out = batch;
+    if a.len() > 1 {
+        out.push(a2[a2.len() - 2].clone());
+    }
+    if b.len() > 1 {
+        out.push(b2[b2.len() - 1].clone());
+    }
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn batch_normalization(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    if x.len() < 2 {
+        return Err(cx.err("input must be N×C×..."));
+    }
+    for i in 1..5 {
+        let (_, p) = cx.input(i)?;
+        if p.len() != 1 || (p[0].fixed().is_some() && x[1].fixed().is_some() && p[0] != x[1]) {
+            return Err(cx.err(format!("input {i} must be a vector of {} channel values", x[1])));
         }
     }
+    let channels = vec![x[1].clone()];
+    Ok(vec![(dtype, x), (dtype, channels.clone()), (dtype, channels)])
+}
+
+pub(crate) fn layer_normalization(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let axis = cx.axis(cx.node.attr_int("axis", -1)?, x.len())?;
+    let mut stats = x.clone();
+    for d in stats.iter_mut().skip(axis) {
+        *d = Dim::Fixed(1);
+    }
+    let stash = DataType::from_onnx(cx.node.attr_int("stash_type", 1)? as i32).unwrap_or(DataType::Float32);
+    Ok(vec![(dtype, x), (stash, stats.clone()), (stash, stats)])
+}
+
+pub(crate) fn arg_max(cx: &Cx<'_>) -> Result<Outputs> {
+    let (_, x) = cx.input(0)?;
+    let axis = cx.axis(cx.node.attr_int("axis", 0)?, x.len())?;
+    Ok(vec![(DataType::Int64, reduce_shape(&x, &[axis], cx.node.attr_int("keepdims", 1)? != 0))])
+}
+
+/// `ReduceSum`, whose axes are an input from opset 13.
+pub(crate) fn reduce_sum(cx: &Cx<'_>) -> Result<Outputs> {
+    reduce(cx, 13)
+}
+
+/// `ReduceMax`, `ReduceMean`, `ReduceMin`, whose axes are an input from opset 18.
+pub(crate) fn reduce_since_18(cx: &Cx<'_>) -> Result<Outputs> {
+    reduce(cx, 18)
+}
+
+fn reduce(cx: &Cx<'_>, since: i64) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let keep = cx.node.attr_int("keepdims", 1)? != 0;
+    let axes = match cx.axes(1, since)? {
+        Some(a) if !a.is_empty() => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
+        _ if cx.node.attr_int("noop_with_empty_axes", 0)? != 0 => return Ok(vec![(dtype, x)]),
+        _ => (0..x.len()).collect(),
+    };
+    Ok(vec![(dtype, reduce_shape(&x, &axes, keep))])
 }
 
 fn reduce_shape(x: &[Dim], axes: &[usize], keep: bool) -> Vec<Dim> {

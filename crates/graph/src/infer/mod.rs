@@ -2,11 +2,11 @@
 //! symbolic propagation of shape values (`Shape → Gather → Concat → Reshape` chains).
 
 mod broadcast;
-mod elementwise;
-mod eval;
-mod layout;
-mod linear;
-mod spatial;
+pub(crate) mod elementwise;
+pub(crate) mod eval;
+pub(crate) mod layout;
+pub(crate) mod linear;
+pub(crate) mod spatial;
 
 pub use broadcast::{broadcast_dims, broadcast_index_map, broadcast_shapes};
 pub use layout::slice_bounds;
@@ -15,7 +15,7 @@ pub use spatial::Window;
 use crate::dtype::DataType;
 use crate::error::{GraphError, Result};
 use crate::ir::{Dim, Graph, Node, Shape, ValueInfo, fixed_shape};
-use crate::ops::{Family, spec};
+use crate::ops::spec;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 
@@ -94,14 +94,12 @@ fn infer_node(node: &Node, inf: &mut Inference, opset: i64) -> Result<()> {
     let spec = spec(&node.domain, &node.op_type)
         .ok_or_else(|| GraphError::node(node, "no shape rule for this op (unsupported)"))?;
     let cx = Cx { node, inf, opset };
-    let outputs = match spec.family {
-        Family::Unary | Family::Broadcast => elementwise::infer(&cx)?,
-        Family::Spatial => spatial::infer(&cx)?,
-        Family::Linear | Family::Normalization | Family::Reduce => linear::infer(&cx)?,
-        Family::Layout | Family::Constant => layout::infer(&cx)?,
+    let outputs = (spec.shape)(&cx)?;
+    let symbolic = match spec.value {
+        Some(rule) => rule(&cx)?,
+        None => None,
     };
-    let symbolic = layout::symbolic_value(&cx)?;
-    let constant = eval::evaluate(&cx, &outputs)?;
+    let constant = eval::evaluate(&cx, &outputs, &spec.fold)?;
     for (i, out) in outputs.into_iter().enumerate() {
         let Some(name) = node.output(i) else { continue };
         let (dtype, shape) = out;

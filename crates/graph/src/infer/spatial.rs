@@ -3,7 +3,7 @@
 use super::{Cx, Outputs};
 use crate::dtype::DataType;
 use crate::error::Result;
-use crate::ir::{Dim, Node};
+use crate::ir::{Dim, Node, Shape};
 
 /// Geometry of a sliding-window op along its spatial axes.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,77 +120,89 @@ impl Window {
     }
 }
 
-pub(super) fn infer(cx: &Cx<'_>) -> Result<Outputs> {
-    let node = cx.node;
+/// The input of a sliding-window op: N×C×spatial....
+fn windowed_input(cx: &Cx<'_>) -> Result<(DataType, Shape)> {
     let (dtype, x) = cx.input(0)?;
     if x.len() < 3 {
         return Err(cx.err(format!("input must be N×C×spatial..., got rank {}", x.len())));
     }
+    Ok((dtype, x))
+}
+
+/// The weight of a convolution, of the input's rank.
+fn weight_shape(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
+    let (_, w) = cx.input(1)?;
+    if w.len() != x.len() {
+        return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
+    }
+    Ok(w)
+}
+
+pub(crate) fn global_pool(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = windowed_input(cx)?;
     let spatial = &x[2..];
-    match node.op_type.as_str() {
-        "GlobalAveragePool" | "GlobalMaxPool" => {
-            let mut out = x[..2].to_vec();
-            out.extend(std::iter::repeat_n(Dim::Fixed(1), spatial.len()));
-            Ok(vec![(dtype, out)])
-        }
-        "ConvTranspose" => {
-            let (_, w) = cx.input(1)?;
-            if w.len() != x.len() {
-                return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
-            }
-            let group = node.attr_int("group", 1)?.max(1) as usize;
-            let window = Window::from_node(node, spatial, Some(&w[2..]))?;
-            let output_padding =
-                node.attr_ints("output_padding")?.map(|p| p.to_vec()).unwrap_or(vec![0; spatial.len()]);
-            if output_padding.len() != spatial.len() || output_padding.iter().any(|&p| !(0..1 << 20).contains(&p)) {
-                return Err(cx.err(format!("output_padding {output_padding:?} does not fit the input")));
-            }
-            let mut out = vec![x[0].clone(), w[1].fixed().map_or(Dim::Unknown, |c| Dim::Fixed(c * group))];
-            for (axis, d) in spatial.iter().enumerate() {
-                out.push(match d.fixed() {
-                    Some(n) if n > 0 => {
-                        let full = window.strides[axis] * (n - 1)
-                            + output_padding[axis] as usize
-                            + (window.kernel[axis] - 1) * window.dilations[axis]
-                            + 1;
-                        let pads = window.pads_begin[axis] + window.pads_end[axis];
-                        if full < pads {
-                            return Err(cx.err("the padding is larger than the output"));
-                        }
-                        Dim::Fixed(full - pads)
-                    }
-                    _ => Dim::Unknown,
-                });
-            }
-            Ok(vec![(dtype, out)])
-        }
-        "Conv" => {
-            let (_, w) = cx.input(1)?;
-            if w.len() != x.len() {
-                return Err(cx.err(format!("weight rank {} differs from input rank {}", w.len(), x.len())));
-            }
-            let group = node.attr_int("group", 1)?.max(1) as usize;
-            if let (Some(c), Some(wc)) = (x[1].fixed(), w[1].fixed())
-                && c != wc * group
-            {
-                return Err(cx.err(format!("input has {c} channels but weight expects {wc} × group {group}")));
-            }
-            if cx.has_input(2) {
-                let (_, b) = cx.input(2)?;
-                if b.len() != 1 || (b[0].fixed().is_some() && w[0].fixed().is_some() && b[0] != w[0]) {
-                    return Err(cx.err("bias must be a vector with one value per output channel"));
+    let mut out = x[..2].to_vec();
+    out.extend(std::iter::repeat_n(Dim::Fixed(1), spatial.len()));
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn conv_transpose(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = windowed_input(cx)?;
+    let spatial = &x[2..];
+    let w = weight_shape(cx, &x)?;
+    let group = cx.node.attr_int("group", 1)?.max(1) as usize;
+    let window = Window::from_node(cx.node, spatial, Some(&w[2..]))?;
+    let output_padding = cx.node.attr_ints("output_padding")?.map(|p| p.to_vec()).unwrap_or(vec![0; spatial.len()]);
+    if output_padding.len() != spatial.len() || output_padding.iter().any(|&p| !(0..1 << 20).contains(&p)) {
+        return Err(cx.err(format!("output_padding {output_padding:?} does not fit the input")));
+    }
+    let mut out = vec![x[0].clone(), w[1].fixed().map_or(Dim::Unknown, |c| Dim::Fixed(c * group))];
+    for (axis, d) in spatial.iter().enumerate() {
+        out.push(match d.fixed() {
+            Some(n) if n > 0 => {
+                let full = window.strides[axis] * (n - 1)
+                    + output_padding[axis] as usize
+                    + (window.kernel[axis] - 1) * window.dilations[axis]
+                    + 1;
+                let pads = window.pads_begin[axis] + window.pads_end[axis];
+                if full < pads {
+                    return Err(cx.err("the padding is larger than the output"));
                 }
+                Dim::Fixed(full - pads)
             }
-            let window = Window::from_node(node, spatial, Some(&w[2..]))?;
-            let mut out = vec![x[0].clone(), w[0].clone()];
-            out.extend(window.output(node, spatial)?);
-            Ok(vec![(dtype, out)])
-        }
-        _ => {
-            let window = Window::from_node(node, spatial, None)?;
-            let mut out = x[..2].to_vec();
-            out.extend(window.output(node, spatial)?);
-            Ok(vec![(dtype, out.clone()), (DataType::Int64, out)])
+            _ => Dim::Unknown,
+        });
+    }
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn conv(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = windowed_input(cx)?;
+    let spatial = &x[2..];
+    let w = weight_shape(cx, &x)?;
+    let group = cx.node.attr_int("group", 1)?.max(1) as usize;
+    if let (Some(c), Some(wc)) = (x[1].fixed(), w[1].fixed())
+        && c != wc * group
+    {
+        return Err(cx.err(format!("input has {c} channels but weight expects {wc} × group {group}")));
+    }
+    if cx.has_input(2) {
+        let (_, b) = cx.input(2)?;
+        if b.len() != 1 || (b[0].fixed().is_some() && w[0].fixed().is_some() && b[0] != w[0]) {
+            return Err(cx.err("bias must be a vector with one value per output channel"));
         }
     }
+    let window = Window::from_node(cx.node, spatial, Some(&w[2..]))?;
+    let mut out = vec![x[0].clone(), w[0].clone()];
+    out.extend(window.output(cx.node, spatial)?);
+    Ok(vec![(dtype, out)])
+}
+
+pub(crate) fn pool(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = windowed_input(cx)?;
+    let spatial = &x[2..];
+    let window = Window::from_node(cx.node, spatial, None)?;
+    let mut out = x[..2].to_vec();
+    out.extend(window.output(cx.node, spatial)?);
+    Ok(vec![(dtype, out.clone()), (DataType::Int64, out)])
 }
