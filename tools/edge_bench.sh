@@ -9,6 +9,8 @@
 # --down R`; the rate is whatever that set). One engine thread on each side; the edge
 # server and the device are pinned to CPUs of their own when EDGE_CPUS / DEVICE_CPUS
 # (taskset lists) are set. EDGEFREEZE is the binary (default target/release/edgefreeze).
+# CUTS (e.g. 2,6,10) limits the cuts the planner probes: a deep model's every cut does not
+# fit the probe's budget.
 # Prints one Markdown table row per case.
 # usage: tools/edge_bench.sh MODEL BATCH LIMIT EPOCHS "M,M,..."
 set -euo pipefail
@@ -49,7 +51,7 @@ PY
 }
 plan() { # frozen-layers out
   timeout 900 $EX_DEV $B plan --model $model --edge $ADDR --device-id phone-1 --token $T --batch $batch \
-    --micro-batches 1,$ms --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
+    --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
 }
 choice() { python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['choice']['candidate']; print(c['cut'], c['micro_batches'])" "$1"; }
 echo "| case | cut | M | train s / epoch | test acc. % | step: predicted vs measured |"

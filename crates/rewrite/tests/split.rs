@@ -269,6 +269,7 @@ split_tests! {
     split_mlp => "mlp.onnx",
     split_mlp_external => "mlp_external.onnx",
     split_mobilenetv2_05 => "mobilenetv2_05.onnx",
+    split_mobilenetv2_05_28 => "mobilenetv2_05_28.onnx",
     split_resnet20_28 => "resnet20_28.onnx",
     split_resnet20_28_dynamo => "resnet20_28_dynamo.onnx",
     split_resnet20_32 => "resnet20_32.onnx",
