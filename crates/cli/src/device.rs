@@ -4,7 +4,9 @@
 use crate::train::{EngineArgs, RUNS_ROOT, RecipeArgs};
 use anyhow::{Context, Result, bail};
 use edgefreeze_device::split::SplitSettings;
-use edgefreeze_device::trainer::{DeviceOptions, DeviceTrainer, EdgeAddress, create_device_run, schedule_plot_path};
+use edgefreeze_device::trainer::{
+    DeviceOptions, DeviceTrainer, EdgeAddress, create_device_run, schedule_plot_path, steps_plot_path,
+};
 use edgefreeze_train::run::{check_writable, claim_numbered, free_run_folder, next_numbered, resolve_run, runs_parent};
 use edgefreeze_train::{ModelSource, TrainOptions};
 use edgefreeze_wire::auth::Credentials;
@@ -237,7 +239,12 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
         );
     }
     if let Some(plot) = &args.plot {
-        println!("plots: {} and {}", plot.display(), schedule_plot_path(plot).display());
+        println!(
+            "plots: {}, {} and {}",
+            plot.display(),
+            schedule_plot_path(plot).display(),
+            steps_plot_path(plot).display()
+        );
     }
     Ok(())
 }

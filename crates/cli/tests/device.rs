@@ -850,7 +850,7 @@ fn adapt_migrates_when_the_link_to_its_server_degrades() {
         .args(["--model", model("mlp.onnx").to_str().unwrap(), "--data", "fashion-mnist", "--cut", "0"])
         .args(["--micro-batches", "2", "--epochs", "1", "--batch", "32", "--limit", "960", "--test-limit", "64"])
         .args(["--log-every", "1", "--threads", "1", "--adapt", "--adapt-every", "3", "--adapt-budget", "20"])
-        .args(["--out", run.to_str().unwrap()])
+        .args(["--out", run.to_str().unwrap(), "--plot", dir.path().join("curves.png").to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -877,5 +877,6 @@ fn adapt_migrates_when_the_link_to_its_server_degrades() {
     assert!(reason.contains(&format!("from {near_at} to {other_at}")) && reason.contains("drifted"), "{reason}");
     assert!(moves.iter().all(|m| !m["reason"].as_str().unwrap().contains(&format!("to {near_at}"))), "{moves:?}");
     assert!(run.join("checkpoints/epoch-0001.safetensors").is_file());
+    assert!(dir.path().join("curves-steps.png").is_file(), "the step-time chart with its decisions");
     drop(runtime);
 }

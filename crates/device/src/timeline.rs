@@ -169,6 +169,70 @@ pub fn draw_schedule(steps: &[StepTimes], title: &str, path: &Path) -> Result<()
     std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
 }
 
+/// One update's measured time, and the time predicted for it (by `--adapt`'s planner).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTime {
+    /// Updates done.
+    pub step: u64,
+    /// Measured seconds.
+    pub measured_s: f64,
+    /// Predicted seconds, if a prediction was made.
+    pub predicted_s: Option<f64>,
+}
+
+/// Draws the step time over the run, measured and predicted, with the decisions
+/// (fail-overs, migrations, moves of the cut) marked at their step and labelled.
+pub fn draw_step_times(steps: &[StepTime], decisions: &[(u64, String)], title: &str, path: &Path) -> Result<()> {
+    let fail = |message: String| DeviceError::Plot { path: path.into(), message };
+    edgefreeze_train::plot::ensure_font().map_err(fail)?;
+    if steps.is_empty() {
+        return Err(fail("no step was measured".into()));
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("steps.png");
+    let partial = path.with_file_name(format!(".{name}.partial.png"));
+    draw_steps(steps, decisions, title, &partial).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
+}
+
+fn draw_steps(steps: &[StepTime], decisions: &[(u64, String)], title: &str, path: &Path) -> DrawResult {
+    let last = steps.iter().map(|s| s.step).max().unwrap_or(1).max(1) as f64;
+    let top = steps.iter().flat_map(|s| [s.measured_s, s.predicted_s.unwrap_or(0.0)]).fold(0.0, f64::max).max(1e-3)
+        * 1e3
+        * 1.15;
+    let root = BitMapBackend::new(path, (1100, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..last, 0.0..top)?;
+    chart.configure_mesh().x_desc("update").y_desc("step time (ms)").draw()?;
+    let measured = steps.iter().map(|s| (s.step as f64, s.measured_s * 1e3));
+    chart
+        .draw_series(LineSeries::new(measured, BLUE.stroke_width(2)))?
+        .label("measured")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE.stroke_width(2)));
+    let predicted: Vec<(f64, f64)> =
+        steps.iter().filter_map(|s| s.predicted_s.map(|p| (s.step as f64, p * 1e3))).collect();
+    if !predicted.is_empty() {
+        chart
+            .draw_series(LineSeries::new(predicted, RED.mix(0.8).stroke_width(2)))?
+            .label("predicted")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED.stroke_width(2)));
+    }
+    for (k, (step, label)) in decisions.iter().enumerate() {
+        let x = *step as f64;
+        chart.draw_series(std::iter::once(PathElement::new(vec![(x, 0.0), (x, top)], BLACK.mix(0.6))))?;
+        // Labels step down the chart so neighbouring decisions stay readable.
+        let y = top * (0.95 - 0.07 * (k % 5) as f64);
+        chart.draw_series(std::iter::once(Text::new(label.clone(), (x + last * 0.005, y), ("sans-serif", 13))))?;
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
+
 type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
 fn draw(bars: &[Bar], title: &str, path: &Path) -> DrawResult {
@@ -369,5 +433,30 @@ mod tests {
             std::fs::copy(&path, keep).unwrap();
         }
         assert!(draw_schedule(&[], "empty", &path).unwrap_err().to_string().contains("no timestamps"));
+    }
+
+    #[test]
+    fn the_step_time_chart_is_drawn_with_its_decisions() {
+        if let Err(e) = edgefreeze_train::plot::ensure_font() {
+            assert!(std::env::var("EDGEFREEZE_REQUIRE_DATA").is_err(), "{e}");
+            eprintln!("skipping: {e}");
+            return;
+        }
+        let steps: Vec<StepTime> = (1..=40)
+            .map(|step| StepTime {
+                step,
+                measured_s: if (10..20).contains(&step) { 0.4 } else { 0.1 },
+                predicted_s: Some(if step < 20 { 0.09 } else { 0.11 }),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.png");
+        draw_step_times(&steps, &[(20, "migrate to B".into())], "simulated", &path).unwrap();
+        let png = std::fs::read(&path).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+        if let Ok(keep) = std::env::var("EDGEFREEZE_KEEP_PLOT") {
+            std::fs::copy(&path, keep).unwrap();
+        }
+        assert!(draw_step_times(&[], &[], "empty", &path).unwrap_err().to_string().contains("no step"));
     }
 }

@@ -183,6 +183,10 @@ pub struct StepSeen<'a> {
 pub trait Adapter: Send {
     /// Called after every update; a move is made before the next one.
     fn after_step(&mut self, seen: &StepSeen) -> Option<Move>;
+    /// The step time it predicts for the run as it trains now, if it has a prediction.
+    fn predicted_s(&self) -> Option<f64> {
+        None
+    }
     /// What it measured and decided since last asked, for the log (lines of text).
     fn notes(&mut self) -> Vec<String> {
         Vec::new()
@@ -335,6 +339,8 @@ pub struct DeviceTrainer {
     pending: Vec<Decision>,
     /// Asked after every update whether to move.
     adapter: Option<Box<dyn Adapter>>,
+    /// Every update's measured (and predicted) time, for the step-time chart.
+    step_times: Vec<crate::timeline::StepTime>,
     epochs_done: usize,
     steps_done: u64,
     last_checkpoint: PathBuf,
@@ -542,6 +548,7 @@ impl DeviceTrainer {
             consistent: None,
             pending: Vec::new(),
             adapter: None,
+            step_times: Vec::new(),
             epochs_done,
             steps_done,
             last_checkpoint,
@@ -692,7 +699,7 @@ impl DeviceTrainer {
                     self.last_checkpoint.display()
                 );
             }
-            self.plot(metrics.records());
+            self.plot(metrics.records(), metrics.decisions());
         }
         Ok(DeviceSummary {
             epochs: self.epochs_done,
@@ -703,7 +710,7 @@ impl DeviceTrainer {
         })
     }
 
-    fn plot(&self, records: &[Record]) {
+    fn plot(&self, records: &[Record], decisions: &[Decision]) {
         let Some(plot) = &self.options.train.plot else { return };
         let split = &self.run.split;
         let title = format!(
@@ -720,6 +727,19 @@ impl DeviceTrainer {
         }
         if !self.schedule.is_empty()
             && let Err(e) = crate::timeline::draw_schedule(&self.schedule, &title, &schedule_plot_path(plot))
+        {
+            eprintln!("warning: {e}");
+        }
+        let marked: Vec<(u64, String)> = decisions
+            .iter()
+            .filter(|d| matches!(d.kind, DecisionKind::Failover | DecisionKind::Migrate))
+            .map(|d| {
+                let what = if d.kind == DecisionKind::Failover { "fail-over" } else { "move" };
+                (d.step, format!("{what} (cut {})", d.layer.unwrap_or(split.cut)))
+            })
+            .collect();
+        if !self.step_times.is_empty()
+            && let Err(e) = crate::timeline::draw_step_times(&self.step_times, &marked, &title, &steps_plot_path(plot))
         {
             eprintln!("warning: {e}");
         }
@@ -891,6 +911,13 @@ impl DeviceTrainer {
                 (hook.0)(self.steps_done);
             }
             let server = self.server_index();
+            // A fail-over did the updates after its consistent copy again: keep the last.
+            self.step_times.retain(|t| t.step < self.steps_done);
+            self.step_times.push(crate::timeline::StepTime {
+                step: self.steps_done,
+                measured_s: step_seconds,
+                predicted_s: self.adapter.as_ref().and_then(|a| a.predicted_s()),
+            });
             if let Some(adapter) = &mut self.adapter {
                 let seen = StepSeen {
                     step: self.steps_done,
@@ -1298,6 +1325,12 @@ fn check_micro_batches(recipe: &Recipe, train_len: usize, m: usize) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// Where `--plot FILE.png` puts the step-time chart: `FILE-steps.png`.
+pub fn steps_plot_path(plot: &Path) -> PathBuf {
+    let stem = plot.file_stem().map_or("plot".into(), |s| s.to_string_lossy().into_owned());
+    plot.with_file_name(format!("{stem}-steps.png"))
 }
 
 /// Where `--plot FILE.png` puts the schedule chart: `FILE-schedule.png`.

@@ -255,4 +255,8 @@ impl Adapter for Replanner {
     fn notes(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notes)
     }
+
+    fn predicted_s(&self) -> Option<f64> {
+        Some(self.predicted_s)
+    }
 }
