@@ -130,6 +130,31 @@ fn relative(a: &[f64], b: &[f64]) -> f64 {
     diff / norm.max(1e-30)
 }
 
+/// Local training of the MLP with `recipe` (its first `freeze` layers frozen) in `dir`
+/// → (the final state, the initial state).
+#[allow(clippy::type_complexity)]
+fn local_training(dir: &Path, freeze: usize, recipe: &Recipe) -> (Vec<(String, Value)>, Vec<(String, Value)>) {
+    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, freeze);
+    create_run(dir, &source, "fashion-mnist", recipe).unwrap();
+    let mut local = Trainer::open(dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&dir.join("checkpoints/epoch-0000.safetensors"));
+    (local.state().unwrap(), initial.unwrap().state)
+}
+
+/// A split run's tensor against local training's: f32 rounding of sums in another order
+/// makes gradients agree to a few 1e-7 relative, and a few updates move the parameters by
+/// a small fraction of that; the updates themselves (from the initial value `name` has in
+/// `initial`) agree to 1e-4.
+fn assert_like_local(got: &Value, want: &Value, initial: &[(String, Value)], name: &str, what: &str) {
+    let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
+    let (got, want, start) = (f32s(got), f32s(want), f32s(start));
+    let update: Vec<f64> = want.iter().zip(&start).map(|(w, s)| w - s).collect();
+    let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
+    let (err, update_err) = (relative(&got, &want), relative(&moved, &update));
+    assert!(err < 1e-6 && update_err < 1e-4, "{what}: {err:e} (update {update_err:e})");
+}
+
 #[test]
 fn pipelined_split_training_equals_local_training() {
     if !fashion_mnist_available() {
@@ -141,15 +166,7 @@ fn pipelined_split_training_equals_local_training() {
     // 4 updates of 32 samples; the MLP has no BatchNorm and no Dropout, so the
     // micro-batched gradient is the full batch's gradient up to f32 rounding.
     let recipe = recipe(1, 32, 128);
-    let local_dir = dir.path().join("local");
-    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 0);
-    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
-    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
-    local.run().unwrap();
-    let local_state = local.state().unwrap();
-    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
-        .unwrap()
-        .state;
+    let (local_state, initial) = local_training(&dir.path().join("local"), 0, &recipe);
     for (cut, m, sequential) in [(0, 1, true), (0, 2, false), (1, 4, false)] {
         let split = SplitSettings { cut, micro_batches: m, sequential, recompute: false, freeze_device: false };
         let (device, edge_state) =
@@ -157,15 +174,7 @@ fn pipelined_split_training_equals_local_training() {
         let mut seen = 0;
         for (name, value) in device.iter().chain(&edge_state) {
             let Some((_, want)) = local_state.iter().find(|(n, _)| n == name) else { continue };
-            let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
-            let (got, want, start) = (f32s(value), f32s(want), f32s(start));
-            // f32 rounding of sums in another order: gradients agree to a few 1e-7
-            // relative; four updates move the parameters by a small fraction of that.
-            let err = relative(&got, &want);
-            let update: Vec<f64> = want.iter().zip(&start).map(|(w, s)| w - s).collect();
-            let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
-            let update_err = relative(&moved, &update);
-            assert!(err < 1e-6 && update_err < 1e-4, "cut {cut} M={m} {name}: {err:e} (update {update_err:e})");
+            assert_like_local(value, want, &initial, name, &format!("cut {cut} M={m} {name}"));
             seen += 1;
         }
         // fc1..fc3 weights and biases, with momentum buffers, on one side or the other.
@@ -183,15 +192,7 @@ fn a_frozen_device_side_equals_local_training_with_that_prefix_frozen() {
     let dir = tempfile::tempdir().unwrap();
     let recipe = recipe(1, 32, 128);
     // Cut after layer 0: layer 0 (fc1) on the device, frozen; locally, `--freeze 1`.
-    let local_dir = dir.path().join("local");
-    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 1);
-    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
-    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
-    local.run().unwrap();
-    let local_state = local.state().unwrap();
-    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
-        .unwrap()
-        .state;
+    let (local_state, initial) = local_training(&dir.path().join("local"), 1, &recipe);
     let split = SplitSettings { cut: 0, micro_batches: 2, sequential: false, recompute: false, freeze_device: true };
     let (device, edge_state) = device_run(&dir.path().join("split"), &at, "mlp.onnx", split, &recipe);
     let mut trained = 0;
@@ -731,15 +732,7 @@ fn the_cut_moves_mid_run_with_the_state_of_the_layers_that_change_sides() {
     let recipe = recipe(2, 32, 256);
     // Local training is the reference: a split run at any cut equals it up to f32
     // rounding (see pipelined_split_training_equals_local_training).
-    let local_dir = dir.path().join("local");
-    let source = ModelSource::from_path(&model("mlp.onnx"), "cross-entropy", OPTIMIZER, 0);
-    create_run(&local_dir, &source, "fashion-mnist", &recipe).unwrap();
-    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
-    local.run().unwrap();
-    let want = local.state().unwrap();
-    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"))
-        .unwrap()
-        .state;
+    let (want, initial) = local_training(&dir.path().join("local"), 0, &recipe);
 
     let (first, second) = (Edge::spawn(None), Edge::spawn(None));
     let edges = [edge_at(&first.address, "phone-1", TOKEN), edge_at(&second.address, "phone-1", TOKEN)];
@@ -761,12 +754,7 @@ fn the_cut_moves_mid_run_with_the_state_of_the_layers_that_change_sides() {
     let mut seen = 0;
     for (name, value) in device.iter().chain(&edge_state) {
         let (_, w) = want.iter().find(|(n, _)| n == name).unwrap();
-        let (_, start) = initial.iter().find(|(n, _)| n == name).unwrap();
-        let (got, w, start) = (f32s(value), f32s(w), f32s(start));
-        let update: Vec<f64> = w.iter().zip(&start).map(|(w, s)| w - s).collect();
-        let moved: Vec<f64> = got.iter().zip(&start).map(|(g, s)| g - s).collect();
-        let (err, update_err) = (relative(&got, &w), relative(&moved, &update));
-        assert!(err < 1e-6 && update_err < 1e-4, "{name}: {err:e} (update {update_err:e})");
+        assert_like_local(value, w, &initial, name, name);
         seen += 1;
     }
     assert_eq!(seen, 12, "every parameter and momentum, on one side or the other");

@@ -118,11 +118,6 @@ impl EdgeSession {
         Ok(EdgeSession { runtime, client, limits, address: address.into(), timeout, opened })
     }
 
-    /// The server's address.
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
     /// The header the edge opened the session with (its step is where the edge stands).
     pub fn header(&self) -> Header {
         self.opened.header.clone().unwrap_or_default()

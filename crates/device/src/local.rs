@@ -174,8 +174,10 @@ impl Link for LocalEdge {
         self.samples = 0;
         let (lr, scale) = (Value::scalar_f32(lr as f32), Value::scalar_f32(1.0));
         let step = Value::scalar_i64(i64::try_from(tag.step + 1).unwrap_or(i64::MAX));
+        // The input names are copied so the feeds can borrow them while the workspace runs.
+        let inputs: Vec<String> = self.workspace.inputs(self.apply).to_vec();
         let mut feeds: Vec<(&str, &Value)> = Vec::new();
-        for input in self.workspace.inputs(self.apply) {
+        for input in &inputs {
             if self.state.contains(input) {
                 continue;
             }
@@ -189,10 +191,7 @@ impl Link for LocalEdge {
             };
             feeds.push((input.as_str(), value));
         }
-        // The feeds borrow the workspace's input list; run on a copy of the names.
-        let feeds: Vec<(String, Value)> = feeds.into_iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
-        let borrowed: Vec<(&str, &Value)> = feeds.iter().map(|(n, v)| (n.as_str(), v)).collect();
-        self.workspace.run(self.apply, &borrowed)?;
+        self.workspace.run(self.apply, &feeds)?;
         Ok(Tag { step: tag.step + 1, ..tag.clone() })
     }
 }

@@ -27,8 +27,8 @@ use edgefreeze_train::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoin
 use edgefreeze_train::metrics::{Decision, DecisionKind, MetricsLog, Record};
 use edgefreeze_train::run::{GRAPHS_DIR, METRICS_FILE, read_manifest};
 use edgefreeze_train::{
-    ModelSource, Recipe, RunSpec, TrainOptions, batch_values, check_fit, create_run, dropout_seed, evaluate,
-    model_label, open_data, open_run, progress_bar, subset,
+    ModelSource, Recipe, RunSpec, TrainOptions, TrainSummary, batch_values, check_fit, create_run, dropout_seed,
+    evaluate, model_label, open_data, open_run, progress_bar, subset,
 };
 use edgefreeze_wire::auth::Credentials;
 use edgefreeze_wire::pb;
@@ -239,6 +239,11 @@ struct BatchResult {
 /// The place of a run's edge side when it runs on the device itself.
 pub const ALONE: &str = "device";
 
+/// The header of a run whose edge side runs on the device (the local edge echoes it).
+fn alone_header(step: u64) -> pb::Header {
+    pb::Header { session_id: ALONE.into(), step, micro_batch: 0, model_version: 1 }
+}
+
 /// Both sides' state at one step: what a fail-over continues from.
 struct Consistent {
     step: u64,
@@ -297,21 +302,6 @@ fn read_device_run(dir: &Path) -> Result<DeviceRun> {
         return Err(bad(format!("format {:?}, expected {DEVICE_FORMAT:?}", run.format)));
     }
     Ok(run)
-}
-
-/// Where a device run stands after [`DeviceTrainer::run`].
-#[derive(Debug, Clone)]
-pub struct DeviceSummary {
-    /// Epochs completed.
-    pub epochs: usize,
-    /// Updates completed.
-    pub steps: u64,
-    /// The device's last checkpoint.
-    pub checkpoint: PathBuf,
-    /// Test accuracy after the last epoch, if any ran.
-    pub test_accuracy: Option<f64>,
-    /// Training throughput of the last epoch.
-    pub samples_per_s: Option<f64>,
 }
 
 /// A device run, its data, its graphs and its session on the edge.
@@ -492,8 +482,7 @@ impl DeviceTrainer {
                 let graphs = split_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
                 let local =
                     LocalEdge::new(&graphs, &checkpoint_state, &options.train.engine, &options.train.engine_options)?;
-                let header =
-                    pb::Header { session_id: ALONE.into(), step: steps_done, micro_batch: 0, model_version: 1 };
+                let header = alone_header(steps_done);
                 (EdgeConn::Local(Some(Box::new(local))), header, place)
             }
             (Some((session, place)), None) => {
@@ -645,7 +634,7 @@ impl DeviceTrainer {
     }
 
     /// Trains the remaining epochs (or `epochs_now` of them).
-    pub fn run(&mut self) -> Result<DeviceSummary> {
+    pub fn run(&mut self) -> Result<TrainSummary> {
         let mut metrics = MetricsLog::open(&self.dir.join(METRICS_FILE), self.epochs_done)?;
         let mut samples_per_s = None;
         let last = self
@@ -701,7 +690,7 @@ impl DeviceTrainer {
             }
             self.plot(metrics.records(), metrics.decisions());
         }
-        Ok(DeviceSummary {
+        Ok(TrainSummary {
             epochs: self.epochs_done,
             steps: self.steps_done,
             checkpoint: self.last_checkpoint.clone(),
@@ -912,7 +901,9 @@ impl DeviceTrainer {
             }
             let server = self.server_index();
             // A fail-over did the updates after its consistent copy again: keep the last.
-            self.step_times.retain(|t| t.step < self.steps_done);
+            while self.step_times.last().is_some_and(|t| t.step >= self.steps_done) {
+                self.step_times.pop();
+            }
             self.step_times.push(crate::timeline::StepTime {
                 step: self.steps_done,
                 measured_s: step_seconds,
@@ -1044,8 +1035,6 @@ impl DeviceTrainer {
             std::thread::sleep(Duration::from_millis(250));
         };
         let (session, header, place) = moved;
-        self.device.restore(&consistent.device)?;
-        self.steps_done = consistent.step;
         let reason = format!(
             "the edge at {address} was lost at update {lost_step} ({message}); continuing on {} as run {:?} from \
              update {}, the last consistent copy of both sides ({} updates done again)",
@@ -1054,6 +1043,24 @@ impl DeviceTrainer {
             consistent.step,
             lost_step - consistent.step
         );
+        self.continue_from(consistent, EdgeConn::Remote(Box::new(session)), header, place, epoch, reason, metrics)
+    }
+
+    /// Both sides back at `consistent`, the edge side now at `place` over `session`, and
+    /// the fail-over logged → the step training continues from.
+    #[allow(clippy::too_many_arguments)]
+    fn continue_from(
+        &mut self,
+        consistent: Consistent,
+        session: EdgeConn,
+        header: pb::Header,
+        place: EdgePlace,
+        epoch: usize,
+        reason: String,
+        metrics: &mut MetricsLog,
+    ) -> Result<u64> {
+        self.device.restore(&consistent.device)?;
+        self.steps_done = consistent.step;
         if self.options.train.progress {
             eprintln!("{reason}");
         }
@@ -1064,7 +1071,7 @@ impl DeviceTrainer {
             self.run.split.cut,
             reason,
         ))?;
-        self.session = EdgeConn::Remote(Box::new(session));
+        self.session = session;
         self.header = header;
         self.place = place;
         self.consistent = Some(consistent);
@@ -1088,8 +1095,6 @@ impl DeviceTrainer {
         let graphs = split_graphs(&model, &self.run.split, &manifest.loss, &manifest.optimizer)?;
         let engine = &self.options.train;
         let local = LocalEdge::new(&graphs, &consistent.edge, &engine.engine, &engine.engine_options)?;
-        self.device.restore(&consistent.device)?;
-        self.steps_done = consistent.step;
         let reason = format!(
             "the edge at {address} was lost at update {lost_step} ({message}) and no edge server took the run over \
              in {:.0} s: training alone on the device from update {}, the last consistent copy of both sides ({} \
@@ -1098,26 +1103,14 @@ impl DeviceTrainer {
             consistent.step,
             lost_step - consistent.step
         );
-        if self.options.train.progress {
-            eprintln!("{reason}");
-        }
-        metrics.push_decision(self.split_decision(
-            epoch,
-            consistent.step,
-            DecisionKind::Failover,
-            self.run.split.cut,
-            reason,
-        ))?;
-        self.session = EdgeConn::Local(Some(Box::new(local)));
-        self.header = pb::Header { session_id: ALONE.into(), step: self.steps_done, micro_batch: 0, model_version: 1 };
-        self.place = EdgePlace {
+        let header = alone_header(consistent.step);
+        let place = EdgePlace {
             address: ALONE.into(),
             run_id: self.run.run_id.clone(),
             cut: Some(self.run.split.cut),
             micro_batches: Some(self.run.split.micro_batches),
         };
-        self.consistent = Some(consistent);
-        Ok(self.steps_done)
+        self.continue_from(consistent, EdgeConn::Local(Some(Box::new(local))), header, place, epoch, reason, metrics)
     }
 
     /// A fail-over or move, as logged: the cut it leaves the run at (and the frozen
