@@ -175,8 +175,7 @@ impl EdgeServer {
         log.line(format!("listening on {address}"));
         let task = tokio::spawn(async move {
             tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async {
+                .serve_with_incoming_shutdown(service, incoming, async {
                     let _ = stopped.await;
                 })
                 .await
