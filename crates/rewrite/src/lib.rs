@@ -52,7 +52,7 @@ pub mod split;
 pub mod subgraph;
 
 pub use cut::{ACTIVATION, Parts, activation_name, cut_model, find_cut};
-pub use error::{Result, RewriteError};
+pub use error::{CrossingRead, Result, RewriteError};
 pub use frozen::{
     CacheManifest, CachedPair, StepSpec, cache_files, cached_pair, frozen_prefix_step, prefix_graph, probe_name,
     suffix_step, suffix_step_with_probes,
