@@ -45,6 +45,7 @@
 //!   (as the frozen-prefix step freezes it with its first layer) and refused by
 //!   [`split`] ([`RewriteError::SharedParameter`]).
 
+mod batch;
 pub mod cut;
 pub mod error;
 pub mod frozen;
