@@ -70,6 +70,21 @@ pub fn cut_model(model: &Model, cut: usize) -> Result<Parts> {
     if !reads.is_empty() {
         return Err(RewriteError::CrossesCut { cut, reads });
     }
+    let (mut front, mut back) = (front, back);
+    // An activation dimension inference lost (`[?, 1, 1, 16]` after a `view`) is named by
+    // its batch form, so the activation's gradient, typed like it, has a shape too.
+    if let Some(forms) = BatchForms::of(model) {
+        let ports = front.graph.outputs.iter_mut().chain(back.graph.inputs.iter_mut());
+        for port in ports.filter(|v| v.name == ACTIVATION) {
+            for (k, d) in port.shape.iter_mut().flatten().enumerate() {
+                if *d == Dim::Unknown
+                    && let Some(named) = forms.named(&c.tensor, k)
+                {
+                    *d = named;
+                }
+            }
+        }
+    }
     Ok(Parts { analysis, cut: c, front, back })
 }
 

@@ -302,7 +302,15 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
     let mut forward_bindings = pairs(&forward_outputs);
     forward_bindings.extend(stash_names.iter().cloned());
     let forward = extract(&joint, "device_forward", &[], &forward_bindings)?;
-    let backward = extract(&joint, "device_backward", &stash_names, &pairs(&grads))?;
+    let mut backward = extract(&joint, "device_backward", &stash_names, &pairs(&grads))?;
+    // The gradient is typed like the activation, whose dimensions the cut named where
+    // inference lost them (engines need every input's shape).
+    let activation = parts.front.graph.outputs.iter().find(|v| v.name == ACTIVATION);
+    for input in backward.graph.inputs.iter_mut().filter(|v| v.name == gradient) {
+        if let Some(a) = activation {
+            input.shape.clone_from(&a.shape);
+        }
+    }
     let stash_ports = forward.graph.outputs.iter().filter(|v| v.name.starts_with(STASH_PREFIX)).cloned().collect();
     Ok((forward, backward, stash_ports))
 }
