@@ -245,24 +245,6 @@ fn shape_from_activation(
     let mut nodes = Vec::new();
     let activation_shape = fresh(format!("{}/activation_shape", node.name));
     nodes.push(Node::new(fresh(format!("{}/Shape", node.name)), "Shape", &[&cut.tensor], &[&activation_shape]));
-    let constant = |nodes: &mut Vec<Node>, fresh: &mut dyn FnMut(String) -> String, v: i64| -> Result<String> {
-        let name = fresh(format!("{}/dim", node.name));
-        let t = Tensor::from_i64(vec![1], &[v])?;
-        nodes.push(
-            Node::new(fresh(format!("{}/Constant", node.name)), "Constant", &[], &[&name])
-                .with_attr("value", Attribute::Tensor(t)),
-        );
-        Ok(name)
-    };
-    let mut gather = |nodes: &mut Vec<Node>, fresh: &mut dyn FnMut(String) -> String, axis: usize| -> Result<String> {
-        let index = constant(nodes, fresh, axis as i64)?;
-        let part = fresh(format!("{}/dim", node.name));
-        nodes.push(
-            Node::new(fresh(format!("{}/Gather", node.name)), "Gather", &[&activation_shape, &index], &[&part])
-                .with_attr("axis", Attribute::Int(0)),
-        );
-        Ok(part)
-    };
     // The batch, read from the activation once, on first need.
     let mut batch: Option<String> = None;
     let mut parts = Vec::new();
@@ -272,17 +254,18 @@ fn shape_from_activation(
             Dim::Fixed(_) | Dim::Unknown => None,
         };
         let part = match (dim, symbol_axis) {
-            (Dim::Fixed(n), _) => constant(&mut nodes, fresh, *n as i64)?,
-            (_, Some(k)) => gather(&mut nodes, fresh, k)?,
+            (Dim::Fixed(n), _) => int_constant(node, &mut nodes, fresh, *n as i64)?,
+            (_, Some(k)) => gather(node, &mut nodes, fresh, &activation_shape, k)?,
             (Dim::Symbol(_) | Dim::Unknown, None) => {
                 let Some((a, c)) = known.forms.and_then(|f| f.dim(value, axis)) else { return Ok(None) };
                 if a == 0 {
-                    constant(&mut nodes, fresh, c)?
+                    int_constant(node, &mut nodes, fresh, c)?
                 } else {
                     let b = match &batch {
                         Some(b) => b.clone(),
                         None => {
-                            let Some(b) = batch_from_activation(node, known, &mut nodes, fresh, &mut gather)? else {
+                            let Some(b) = batch_from_activation(node, known, &mut nodes, fresh, &activation_shape)?
+                            else {
                                 return Ok(None);
                             };
                             batch = Some(b.clone());
@@ -317,7 +300,7 @@ fn batch_from_activation(
     known: &Known,
     nodes: &mut Vec<Node>,
     fresh: &mut dyn FnMut(String) -> String,
-    gather: &mut dyn FnMut(&mut Vec<Node>, &mut dyn FnMut(String) -> String, usize) -> Result<String>,
+    activation_shape: &str,
 ) -> Result<Option<String>> {
     let Some(forms) = known.forms else { return Ok(None) };
     let best = (0..known.cut.shape.len())
@@ -325,9 +308,26 @@ fn batch_from_activation(
         .filter(|(_, (a, _))| *a > 0)
         .min_by_key(|(_, (a, c))| (*a, c.abs()));
     let Some((k, (a, c))) = best else { return Ok(None) };
-    let dim = gather(nodes, fresh, k)?;
+    let dim = gather(node, nodes, fresh, activation_shape, k)?;
     // B = (dim − c) / a, exact: the dimension is a·B + c.
     Ok(Some(affine_inverse(node, nodes, fresh, &dim, a, c)?))
+}
+
+/// Element `axis` of the shape vector `shape`, as a 1-element tensor.
+fn gather(
+    node: &Node,
+    nodes: &mut Vec<Node>,
+    fresh: &mut dyn FnMut(String) -> String,
+    shape: &str,
+    axis: usize,
+) -> Result<String> {
+    let index = int_constant(node, nodes, fresh, axis as i64)?;
+    let part = fresh(format!("{}/dim", node.name));
+    nodes.push(
+        Node::new(fresh(format!("{}/Gather", node.name)), "Gather", &[shape, &index], &[&part])
+            .with_attr("axis", Attribute::Int(0)),
+    );
+    Ok(part)
 }
 
 /// A 1-element int64 constant.
