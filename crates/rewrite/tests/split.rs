@@ -458,3 +458,19 @@ fn the_freeze_aware_split_of_zoo_models_is_the_frozen_prefix_step() {
         check_frozen(stem, &zoo(stem), &cuts);
     }
 }
+
+/// Every cut `analyse` (so `edgefreeze inspect`) lists as valid splits, on every zoo
+/// fixture: a user never meets a cut that inspect offers and the split refuses.
+#[test]
+fn every_listed_cut_of_every_zoo_fixture_splits() {
+    let mut failures = Vec::new();
+    for stem in zoo_fixtures() {
+        let m = zoo(&stem);
+        for cut in analyse(&m).unwrap().cuts.iter().map(|c| c.after_layer) {
+            if let Err(e) = split(&m, cut, &spec(), SplitOptions::default()) {
+                failures.push(format!("{stem} cut {cut}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
