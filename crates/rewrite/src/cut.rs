@@ -272,7 +272,7 @@ fn shape_from_activation(
                             b
                         }
                     };
-                    affine(node, &mut nodes, fresh, &b, a, c)?
+                    int_chain(node, &mut nodes, fresh, &b, &[("Mul", a), ("Add", c)])?
                 }
             }
         };
@@ -310,7 +310,7 @@ fn batch_from_activation(
     let Some((k, (a, c))) = best else { return Ok(None) };
     let dim = gather(node, nodes, fresh, activation_shape, k)?;
     // B = (dim − c) / a, exact: the dimension is a·B + c.
-    Ok(Some(affine_inverse(node, nodes, fresh, &dim, a, c)?))
+    Ok(Some(int_chain(node, nodes, fresh, &dim, &[("Sub", c), ("Div", a)])?))
 }
 
 /// Element `axis` of the shape vector `shape`, as a 1-element tensor.
@@ -355,40 +355,21 @@ fn binary(
     Ok(out)
 }
 
-/// `a·b + c` of an int64 value `b`.
-fn affine(
+/// `x` through `ops` in order, each `(op, k)` an `op(·, k)` of a 1-element int64
+/// constant `k`; identities (`Mul`/`Div` by 1, `Add`/`Sub` of 0) are left out.
+fn int_chain(
     node: &Node,
     nodes: &mut Vec<Node>,
     fresh: &mut dyn FnMut(String) -> String,
-    b: &str,
-    a: i64,
-    c: i64,
+    x: &str,
+    ops: &[(&str, i64)],
 ) -> Result<String> {
-    let mut v = b.to_string();
-    if a != 1 {
-        v = binary(node, nodes, fresh, "Mul", &v, a)?;
-    }
-    if c != 0 {
-        v = binary(node, nodes, fresh, "Add", &v, c)?;
-    }
-    Ok(v)
-}
-
-/// `(d − c) / a` of an int64 value `d`.
-fn affine_inverse(
-    node: &Node,
-    nodes: &mut Vec<Node>,
-    fresh: &mut dyn FnMut(String) -> String,
-    d: &str,
-    a: i64,
-    c: i64,
-) -> Result<String> {
-    let mut v = d.to_string();
-    if c != 0 {
-        v = binary(node, nodes, fresh, "Sub", &v, c)?;
-    }
-    if a != 1 {
-        v = binary(node, nodes, fresh, "Div", &v, a)?;
+    let mut v = x.to_string();
+    for &(op, k) in ops {
+        let identity = if matches!(op, "Mul" | "Div") { k == 1 } else { k == 0 };
+        if !identity {
+            v = binary(node, nodes, fresh, op, &v, k)?;
+        }
     }
     Ok(v)
 }
