@@ -868,3 +868,50 @@ fn adapt_migrates_when_the_link_to_its_server_degrades() {
     assert!(dir.path().join("curves-steps.png").is_file(), "the step-time chart with its decisions");
     drop(runtime);
 }
+
+/// A model we did not write: the zoo's TorchScript Transformer encoder, cut after its first
+/// encoder layer's attention block, where the edge side reshapes by the shapes of the
+/// device side's attention heads (`B·heads`), trained over a real `edge serve` for two
+/// pipelined steps of two micro-batches: both sides' parameters and momenta equal local
+/// training's. Spam-assassin's emails give the 8-token input.
+#[test]
+fn a_zoo_transformer_trains_split_over_an_edge_server_like_locally() {
+    use edgefreeze_data::named::{SPAM_ASSASSIN_PACKAGE, npm_package};
+    if npm_package(SPAM_ASSASSIN_PACKAGE, None).is_err() {
+        assert!(
+            !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
+            "EDGEFREEZE_REQUIRE_DATA is set but spam-assassin is missing"
+        );
+        eprintln!("skipping: npm install --prefix .data {SPAM_ASSASSIN_PACKAGE}");
+        return;
+    }
+    let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo/tfenc_bf_pre_gelu.ts.onnx");
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 8, 16);
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&zoo, "cross-entropy", OPTIMIZER, 0);
+    create_run(&local_dir, &source, "spam-assassin", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let want = local.state().unwrap();
+    let initial =
+        edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors")).unwrap();
+
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let split_dir = dir.path().join("split");
+    let split = SplitSettings { cut: 2, micro_batches: 2, sequential: false, recompute: false, freeze_device: false };
+    create_device_run(&split_dir, &zoo, "cross-entropy", OPTIMIZER, "spam-assassin", &recipe, split).unwrap();
+    let mut trainer = DeviceTrainer::open(&split_dir, std::slice::from_ref(&at), device_options()).unwrap();
+    trainer.run().unwrap();
+    let got: Vec<(String, Value)> =
+        trainer.device_state().unwrap().into_iter().chain(trainer.edge_state().unwrap()).collect();
+    trainer.close().unwrap();
+    let mut seen = 0;
+    for (name, want) in want.iter().filter(|(_, v)| v.as_f32().is_some()) {
+        let (_, value) = got.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} is on neither side"));
+        assert_like_local(value, want, &initial.state, name, &format!("tfenc_bf_pre_gelu cut 2 M=2 {name}"));
+        seen += 1;
+    }
+    assert!(seen > 0, "no tensor compared");
+}

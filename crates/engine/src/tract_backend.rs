@@ -55,8 +55,30 @@ fn compile(model: &[u8]) -> Result<Compiled, EngineError> {
 
 impl Compiled {
     fn run(&self, executor: &Executor, inputs: TVec<TValue>) -> Result<TVec<TValue>, EngineError> {
-        multithread_tract_scope(executor.clone(), || self.plan.run(inputs)).map_err(err)
+        multithread_tract_scope(executor.clone(), || {
+            // `SimplePlan::run` forgets the batch it bound before returning; the steps
+            // of a run, done here, keep it for `bind_symbols`.
+            let mut state = self.plan.spawn()?;
+            state.set_inputs(inputs)?;
+            state.exec()?;
+            let outputs = state.outputs()?;
+            let symbols = &state.turn_state.resolved_symbols;
+            outputs.into_iter().map(|t| bind_symbols(t, symbols)).collect::<TractResult<TVec<TValue>>>()
+        })
+        .map_err(err)
     }
+}
+
+/// tract folds integers computed from shapes into symbolic dimensions (`2*batch`),
+/// which stay symbolic in an output that is one (a stashed shape vector): they are
+/// bound to the run's symbol values here.
+fn bind_symbols(t: TValue, symbols: &SymbolValues) -> TractResult<TValue> {
+    if t.datum_type() != DatumType::TDim {
+        return Ok(t);
+    }
+    let dims = t.to_plain_array_view::<TDim>()?;
+    let ints = dims.iter().map(|d| d.eval(symbols).to_i64()).collect::<Result<Vec<i64>, _>>()?;
+    Ok(Tensor::from_shape(t.shape(), &ints)?.into_tvalue())
 }
 
 impl TractSession {

@@ -42,14 +42,15 @@ pub enum RewriteError {
     #[error("the model already has a value named {0:?}, which the rewritten graphs need for their interface")]
     NameTaken(String),
     /// The part behind a cut reads more of the front than the one activation.
-    #[error("cut {cut}: node {node:?} behind the cut reads {value:?} of the front part, which cannot cross the cut")]
+    #[error(
+        "cut {cut}: the part behind the cut reads values of the front part, which cannot cross the cut: {}",
+        format_reads(.reads)
+    )]
     CrossesCut {
         /// The cut.
         cut: usize,
-        /// The node behind the cut.
-        node: String,
-        /// The value it reads.
-        value: String,
+        /// Every read behind the cut of a front value other than the activation.
+        reads: Vec<CrossingRead>,
     },
     /// A trainable tensor read on both sides of a cut.
     #[error("cut {cut}: parameter {name:?} is read on both sides of the cut, which cannot train it as one tensor")]
@@ -65,6 +66,19 @@ pub enum RewriteError {
     /// Writing graphs or the manifest failed.
     #[error("{0}")]
     Write(String),
+}
+
+/// A node behind a cut that reads a value of the front part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrossingRead {
+    /// The node behind the cut.
+    pub node: String,
+    /// The front value it reads.
+    pub value: String,
+}
+
+fn format_reads(reads: &[CrossingRead]) -> String {
+    reads.iter().map(|r| format!("node {:?} reads {:?}", r.node, r.value)).collect::<Vec<_>>().join("; ")
 }
 
 fn format_list(values: &[usize]) -> String {

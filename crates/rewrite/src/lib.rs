@@ -45,6 +45,7 @@
 //!   (as the frozen-prefix step freezes it with its first layer) and refused by
 //!   [`split`] ([`RewriteError::SharedParameter`]).
 
+mod batch;
 pub mod cut;
 pub mod error;
 pub mod frozen;
@@ -52,7 +53,7 @@ pub mod split;
 pub mod subgraph;
 
 pub use cut::{ACTIVATION, Parts, activation_name, cut_model, find_cut};
-pub use error::{Result, RewriteError};
+pub use error::{CrossingRead, Result, RewriteError};
 pub use frozen::{
     CacheManifest, CachedPair, StepSpec, cache_files, cached_pair, frozen_prefix_step, prefix_graph, probe_name,
     suffix_step, suffix_step_with_probes,

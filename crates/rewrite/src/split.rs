@@ -10,8 +10,9 @@ use edgefreeze_autodiff::artifacts::{GraphEntry, Port, Role, Side, StateEntry, g
 use edgefreeze_autodiff::training::{grad_name, split_parameters};
 use edgefreeze_autodiff::{GRAD_SCALE, Objective, StepOptions, step_graph, update_graph};
 use edgefreeze_graph::Tensor;
+use edgefreeze_graph::analysis::is_metadata_input;
 use edgefreeze_graph::ir::{Model, ValueInfo};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Name of the gradient of the activation: the edge step's output, the device backward's input.
 pub fn grad_activation_name() -> String {
@@ -264,7 +265,12 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
         // What varies per micro-batch: the data and the dropout seed; not the parameters.
         let mut per_batch: Vec<String> = parts.front.graph.inputs.iter().map(|v| v.name.clone()).collect();
         per_batch.push(edgefreeze_autodiff::training_mode::DROPOUT_SEED.to_string());
-        let data = data_dependent(&joint, &per_batch);
+        let data = data_dependent(&joint, &per_batch, false);
+        // Values computed from the data's shape only are not stashed: tract needs the
+        // shapes a reshape reads at load time, so the backward computes them again from
+        // the shapes of the stashed tensors they are taken of.
+        let shaped = data_dependent(&joint, &per_batch, true);
+        let producers = joint.graph.producers();
         let produced_forward: HashSet<&str> = forward_nodes
             .iter()
             .flat_map(|&i| joint.graph.nodes[i].outputs.iter().map(String::as_str))
@@ -273,8 +279,20 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
         let mut stash = Vec::new();
         for &i in backward_nodes.iter().filter(|i| !forward_nodes.contains(i)) {
             for v in &joint.graph.nodes[i].inputs {
-                if produced_forward.contains(v.as_str()) && data.contains(v) && *v != gradient && !stash.contains(v) {
-                    stash.push(v.clone());
+                if !produced_forward.contains(v.as_str()) || *v == gradient {
+                    continue;
+                }
+                let needed = if data.contains(v) {
+                    vec![v.clone()]
+                } else if shaped.contains(v) {
+                    metadata_sources(&joint, &producers, v, &data)
+                } else {
+                    Vec::new()
+                };
+                for x in needed {
+                    if !stash.contains(&x) {
+                        stash.push(x);
+                    }
                 }
             }
         }
@@ -284,7 +302,15 @@ fn device_pass(parts: &Parts, recompute: bool) -> Result<(Model, Model, Vec<Valu
     let mut forward_bindings = pairs(&forward_outputs);
     forward_bindings.extend(stash_names.iter().cloned());
     let forward = extract(&joint, "device_forward", &[], &forward_bindings)?;
-    let backward = extract(&joint, "device_backward", &stash_names, &pairs(&grads))?;
+    let mut backward = extract(&joint, "device_backward", &stash_names, &pairs(&grads))?;
+    // The gradient is typed like the activation, whose dimensions the cut named where
+    // inference lost them (engines need every input's shape).
+    let activation = parts.front.graph.outputs.iter().find(|v| v.name == ACTIVATION);
+    for input in backward.graph.inputs.iter_mut().filter(|v| v.name == gradient) {
+        if let Some(a) = activation {
+            input.shape.clone_from(&a.shape);
+        }
+    }
     let stash_ports = forward.graph.outputs.iter().filter(|v| v.name.starts_with(STASH_PREFIX)).cloned().collect();
     Ok((forward, backward, stash_ports))
 }
@@ -295,15 +321,51 @@ fn nodes_for(model: &Model, outputs: &[String]) -> HashSet<usize> {
     keep.into_iter().enumerate().filter_map(|(i, k)| k.then_some(i)).collect()
 }
 
-/// Values that depend on the given data inputs.
-fn data_dependent(model: &Model, inputs: &[String]) -> HashSet<String> {
+/// Values that depend on the given data inputs: on their values, or with
+/// `through_metadata` also on their shapes and element types.
+fn data_dependent(model: &Model, inputs: &[String], through_metadata: bool) -> HashSet<String> {
     let mut data: HashSet<String> = inputs.iter().cloned().collect();
     for node in &model.graph.nodes {
-        if node.inputs.iter().any(|v| data.contains(v)) {
+        let reads = node
+            .inputs
+            .iter()
+            .enumerate()
+            .any(|(k, v)| data.contains(v) && (through_metadata || !is_metadata_input(node, k)));
+        if reads {
             data.extend(node.outputs.iter().filter(|o| !o.is_empty()).cloned());
         }
     }
     data
+}
+
+/// The data values whose shape or type `value` (computed from the data's shapes only)
+/// is computed from.
+fn metadata_sources(
+    model: &Model,
+    producers: &HashMap<&str, usize>,
+    value: &str,
+    data: &HashSet<String>,
+) -> Vec<String> {
+    let mut sources = Vec::new();
+    let mut todo = vec![value.to_string()];
+    let mut seen: HashSet<String> = HashSet::new();
+    while let Some(v) = todo.pop() {
+        if !seen.insert(v.clone()) {
+            continue;
+        }
+        let Some(&p) = producers.get(v.as_str()) else { continue };
+        let node = &model.graph.nodes[p];
+        for (k, input) in node.inputs.iter().enumerate().filter(|(_, i)| !i.is_empty()) {
+            if data.contains(input) && is_metadata_input(node, k) {
+                if !sources.contains(input) {
+                    sources.push(input.clone());
+                }
+            } else {
+                todo.push(input.clone());
+            }
+        }
+    }
+    sources
 }
 
 /// File names of a split set besides its graphs.

@@ -1,9 +1,10 @@
 //! The part of a model between named values: the one piece of graph surgery the other
 //! rewrites are built from.
 
+use crate::batch::BatchForms;
 use crate::error::{Result, RewriteError};
 use edgefreeze_graph::infer::infer;
-use edgefreeze_graph::ir::{Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::ir::{Dim, Graph, Model, Node, ValueInfo};
 use std::collections::{HashMap, HashSet};
 
 /// Every value name of a model: node outputs, graph inputs, initializers.
@@ -96,8 +97,26 @@ pub fn extract(model: &Model, name: &str, inputs: &[(String, String)], outputs: 
         graph_outputs.push(typed(value, new)?);
     }
     let mut graph_inputs = Vec::new();
+    let mut unnamed = 0;
+    let mut forms: Option<Option<BatchForms>> = None;
     for (value, new) in inputs {
-        graph_inputs.push(typed(value, new)?);
+        let mut v = typed(value, new)?;
+        // A dimension inference could not name (`B·heads` of an attention) is named by
+        // its batch expression (`2*batch`), which tract needs to check the shape
+        // arithmetic it reads; failing that, a symbol of its own.
+        for (k, d) in v.shape.iter_mut().flatten().enumerate() {
+            if *d == Dim::Unknown {
+                let forms = forms.get_or_insert_with(|| BatchForms::of(model));
+                *d = match forms.as_ref().and_then(|f| f.named(value, k)) {
+                    Some(named) => named,
+                    None => {
+                        unnamed += 1;
+                        Dim::Symbol(format!("unnamed_dim_{unnamed}"))
+                    }
+                };
+            }
+        }
+        graph_inputs.push(v);
     }
     graph_inputs.extend(graph.inputs.iter().filter(|v| needed.contains(v.name.as_str())).cloned());
     let part = Graph {

@@ -1,11 +1,12 @@
 //! The device/edge split against unsplit training: device forward → edge step → device
 //! backward → the two apply graphs, in sequence, give the parameters, optimizer state,
 //! running statistics and loss of the unsplit step, for every bundled model at two cuts,
-//! with one micro-batch and with two accumulated, on ONNX Runtime and tract.
+//! with one micro-batch and with two accumulated, on ONNX Runtime and tract; and the
+//! same for every zoo fixture (models as users export them) at two or more middle cuts.
 
 mod common;
 
-use common::{batch_of, bundled, distance, engines, floats, model, run, state_of};
+use common::{batch_of, bundled, distance, engines, floats, model, run, state_of, zoo, zoo_fixtures};
 use edgefreeze_autodiff::artifacts::{Role, Side};
 use edgefreeze_autodiff::{Loss, Objective, Optimizer, StepOptions, step_graph, update_graph};
 use edgefreeze_engine::{EngineKind, Value};
@@ -22,7 +23,8 @@ use std::collections::{HashMap, HashSet};
 /// ordering a reduction differently in another graph, and accumulated micro-batch
 /// gradients summed in f64 here instead of inside one f32 reduction over the batch.
 /// Each moves a result by about 2⁻²⁴ ≈ 6·10⁻⁸ times the square root of the reduction
-/// length (≤ 6272: batch 8 at 28×28): ≈ 5·10⁻⁶; the bound allows a factor of 4 over that.
+/// length (≤ 6272: batch 8 at 28×28; the zoo's longest is 4096, batch 4 at the 32×32 of
+/// a stride-2 stem on 64×64): ≈ 5·10⁻⁶; the bound allows a factor of 4 over that.
 const SAME_OPS: f64 = 2e-5;
 
 fn spec() -> StepSpec {
@@ -185,10 +187,11 @@ fn two_cuts(m: &Model) -> Vec<usize> {
 }
 
 fn check_model(file: &str) {
-    check(file, &model(file));
+    let m = model(file);
+    check(file, &m, &two_cuts(&m));
 }
 
-fn check(file: &str, m: &Model) {
+fn check(file: &str, m: &Model, cuts: &[usize]) {
     let m = m.clone();
     let state = state_of(&m);
     let state_names: Vec<String> = {
@@ -212,7 +215,7 @@ fn check(file: &str, m: &Model) {
         })
         .collect();
     let mut worst: f64 = 0.0;
-    for cut in two_cuts(&m) {
+    for &cut in cuts {
         for recompute in [false, true] {
             let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: false, recompute }).unwrap();
             let stash: Vec<String> =
@@ -281,33 +284,38 @@ split_tests! {
 fn the_freeze_aware_split_is_the_frozen_prefix_step() {
     for file in ["resnet20_28.onnx", "transformer_text.onnx"] {
         let m = model(file);
-        let state = state_of(&m);
-        for cut in two_cuts(&m) {
-            let set = split(&m, cut, &spec(), SplitOptions { frozen_device_layers: true, recompute: false }).unwrap();
-            assert!(set.device_backward.is_none() && set.device_apply.is_none());
-            assert!(!names(&set.edge_step, false).contains(&grad_activation_name()));
-            assert_eq!(set.manifest.bytes_per_sample_down, 0);
-            assert!(
-                set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)).all(|e| e.role != Role::Parameter)
-            );
-            let frozen = frozen_prefix_step(&m, &spec(), cut + 1, &[]).unwrap();
-            for (engine, kind) in engines() {
-                let mut given = state.clone();
-                given.extend(batch_of(&m, 0, 4));
-                let mut reference = state.clone();
-                let expected = run(&kind, &frozen, &given);
-                absorb(&mut reference, &expected);
-                let (got, losses) = split_step(&kind, &set, &m, &state, 1, 4);
-                let what = format!("{file} cut {cut} frozen on {engine}");
-                let (diff, norm) = distance(&losses, &floats(&expected["loss"]));
-                assert!(diff <= SAME_OPS * norm, "{what}: loss");
-                let updated: Vec<String> =
-                    names(&frozen, false).iter().filter_map(|o| o.strip_prefix("updated.").map(String::from)).collect();
-                compare(&what, &got, &reference, &updated);
-                // The device's state is untouched.
-                for e in set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)) {
-                    assert_eq!(floats(&got[&e.name]), floats(&state[&e.name]), "{what}: {}", e.name);
-                }
+        check_frozen(file, &m, &two_cuts(&m));
+    }
+}
+
+/// The freeze-aware split at each cut: no device backward, no gradient sent back, and
+/// the parameters, statistics and loss of the frozen-prefix step that freezes the
+/// device's layers.
+fn check_frozen(file: &str, m: &Model, cuts: &[usize]) {
+    let state = state_of(m);
+    for &cut in cuts {
+        let set = split(m, cut, &spec(), SplitOptions { frozen_device_layers: true, recompute: false }).unwrap();
+        assert!(set.device_backward.is_none() && set.device_apply.is_none());
+        assert!(!names(&set.edge_step, false).contains(&grad_activation_name()));
+        assert_eq!(set.manifest.bytes_per_sample_down, 0);
+        assert!(set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)).all(|e| e.role != Role::Parameter));
+        let frozen = frozen_prefix_step(m, &spec(), cut + 1, &[]).unwrap();
+        for (engine, kind) in engines() {
+            let mut given = state.clone();
+            given.extend(batch_of(m, 0, 4));
+            let mut reference = state.clone();
+            let expected = run(&kind, &frozen, &given);
+            absorb(&mut reference, &expected);
+            let (got, losses) = split_step(&kind, &set, m, &state, 1, 4);
+            let what = format!("{file} cut {cut} frozen on {engine}");
+            let (diff, norm) = distance(&losses, &floats(&expected["loss"]));
+            assert!(diff <= SAME_OPS * norm, "{what}: loss");
+            let updated: Vec<String> =
+                names(&frozen, false).iter().filter_map(|o| o.strip_prefix("updated.").map(String::from)).collect();
+            compare(&what, &got, &reference, &updated);
+            // The device's state is untouched.
+            for e in set.manifest.state.iter().filter(|e| e.side == Some(Side::Device)) {
+                assert_eq!(floats(&got[&e.name]), floats(&state[&e.name]), "{what}: {}", e.name);
             }
         }
     }
@@ -409,5 +417,60 @@ fn split_with_dropout_on_both_sides_draws_the_masks_of_the_whole_graph() {
             assert_eq!(has, reads, "cut {cut}: {}", graph.graph.name);
         }
     }
-    check("dropout_mlp", &m);
+    check("dropout_mlp", &m, &two_cuts(&m));
+}
+
+/// Models we did not write: every zoo fixture at two or more middle cuts, including every
+/// cut where the part behind reads the shape of a front value that symbolic inference
+/// cannot name (attention heads as `B·heads`, windows as `B·windows`, an activation whose
+/// batch inference lost), which the split rebuilds from the activation's batch.
+macro_rules! zoo_split_tests {
+    ($($name:ident => $stem:expr, $cuts:expr;)*) => {
+        $(#[test] fn $name() { check($stem, &zoo($stem), &$cuts); })*
+
+        #[test]
+        fn every_zoo_fixture_has_a_split_test() {
+            let tested: Vec<&str> = vec![$($stem),*];
+            for stem in zoo_fixtures() {
+                assert!(tested.contains(&stem.as_str()), "{stem} has no split test");
+            }
+        }
+    };
+}
+
+zoo_split_tests! {
+    split_zoo_convnext_mini_dynamo => "convnext_mini.dynamo", [3, 5];
+    split_zoo_efficientnet_b0_ts => "efficientnet_b0_025.ts", [13, 27];
+    split_zoo_mobilenet_v3_small_dynamo => "mobilenet_v3_small_025.dynamo", [11, 22];
+    split_zoo_mobilenet_v3_small_ts => "mobilenet_v3_small_025.ts", [11, 22];
+    split_zoo_shufflenet_v2_mini_dynamo => "shufflenet_v2_mini.dynamo", [2, 4];
+    split_zoo_squeezenet_mini_ts => "squeezenet_mini.ts", [2, 4];
+    split_zoo_swin_mini_dynamo => "swin_mini.dynamo", [4, 8];
+    split_zoo_swin_mini_ts => "swin_mini.ts", [2, 6];
+    split_zoo_tfenc_bf_pre_gelu_ts => "tfenc_bf_pre_gelu.ts", [1, 2, 3];
+    split_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo", [0, 1];
+    split_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts", [1, 2];
+}
+
+#[test]
+fn the_freeze_aware_split_of_zoo_models_is_the_frozen_prefix_step() {
+    for (stem, cuts) in [("tfenc_bf_pre_gelu.ts", [2, 3]), ("convnext_mini.dynamo", [3, 5])] {
+        check_frozen(stem, &zoo(stem), &cuts);
+    }
+}
+
+/// Every cut `analyse` (so `edgefreeze inspect`) lists as valid splits, on every zoo
+/// fixture: a user never meets a cut that inspect offers and the split refuses.
+#[test]
+fn every_listed_cut_of_every_zoo_fixture_splits() {
+    let mut failures = Vec::new();
+    for stem in zoo_fixtures() {
+        let m = zoo(&stem);
+        for cut in analyse(&m).unwrap().cuts.iter().map(|c| c.after_layer) {
+            if let Err(e) = split(&m, cut, &spec(), SplitOptions::default()) {
+                failures.push(format!("{stem} cut {cut}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

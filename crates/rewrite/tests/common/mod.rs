@@ -19,6 +19,26 @@ pub fn model(file: &str) -> Model {
     import(&path).unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
+/// A zoo fixture's model (`tests/fixtures/zoo/<stem>.onnx`), imported.
+pub fn zoo(stem: &str) -> Model {
+    let path = zoo_dir().join(format!("{stem}.onnx"));
+    import(&path).unwrap_or_else(|e| panic!("{stem}: {e}"))
+}
+
+/// Stems of every zoo fixture model.
+pub fn zoo_fixtures() -> Vec<String> {
+    let mut stems: Vec<String> = std::fs::read_dir(zoo_dir())
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_string_lossy().strip_suffix(".onnx").map(String::from))
+        .collect();
+    stems.sort();
+    stems
+}
+
+fn zoo_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo")
+}
+
 /// Every bundled model file.
 pub fn bundled() -> Vec<String> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
