@@ -14,9 +14,10 @@
 use crate::{ProbeSettings, Target, probe_links};
 use edgefreeze_device::trainer::{Adapter, Move, StepSeen};
 use edgefreeze_plan::{
-    Candidate, CostModel, Decision, Measurements, Mode, Plan, ReplanPolicy, Space, Workload, decide, migration_s,
-    recut_s,
+    Candidate, CostModel, Decision, Measurements, Mode, Plan, Prediction, ReplanPolicy, Space, Workload, decide,
+    migration_s, recut_s,
 };
+use edgefreeze_train::metrics::StageTimes;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,7 @@ pub struct Replanner {
     state_bytes: Box<dyn Fn(usize) -> (u64, u64) + Send>,
     current: Candidate,
     predicted_s: f64,
+    predicted_stages: Option<StageTimes>,
     steps: VecDeque<f64>,
     last_check: u64,
     notes: Vec<String>,
@@ -83,8 +85,9 @@ impl Replanner {
         current: Candidate,
         state_bytes: Box<dyn Fn(usize) -> (u64, u64) + Send>,
     ) -> Replanner {
-        let predicted_s =
-            plan.candidates.iter().find(|p| p.candidate == current).map_or(plan.chosen().step_s, |p| p.step_s);
+        let now = plan.candidates.iter().find(|p| p.candidate == current);
+        let predicted_s = now.map_or(plan.chosen().step_s, |p| p.step_s);
+        let predicted_stages = now.map(stage_times);
         Replanner {
             settings,
             probe,
@@ -96,6 +99,7 @@ impl Replanner {
             state_bytes,
             current,
             predicted_s,
+            predicted_stages,
             steps: VecDeque::new(),
             last_check: 0,
             notes: Vec::new(),
@@ -214,6 +218,7 @@ impl Adapter for Replanner {
                 if matches!(to.mode, Mode::Pipelined(_)) =>
             {
                 self.predicted_s = candidate_s;
+                self.predicted_stages = fresh.candidates.iter().find(|p| p.candidate == to).map(stage_times);
                 self.current = to;
                 let name = |i: usize| self.measurements.servers.get(i).map_or("?".to_string(), |s| s.name.clone());
                 Some(Move {
@@ -237,6 +242,7 @@ impl Adapter for Replanner {
             Ok(_) => {
                 if let Some(p) = fresh.candidates.iter().find(|p| p.candidate == self.current) {
                     self.predicted_s = p.step_s;
+                    self.predicted_stages = Some(stage_times(p));
                 }
                 self.notes.push(format!(
                     "update {}: no move saves more than it costs; predicted step now {:.1} ms",
@@ -258,5 +264,25 @@ impl Adapter for Replanner {
 
     fn predicted_s(&self) -> Option<f64> {
         Some(self.predicted_s)
+    }
+
+    fn predicted_stages(&self) -> Option<StageTimes> {
+        self.predicted_stages
+    }
+}
+
+/// A prediction's stages as the device measures them (`edgefreeze_device::stages`): a
+/// crossing's time is its occupancy and its latency.
+pub fn stage_times(p: &Prediction) -> StageTimes {
+    let s = &p.stages;
+    StageTimes {
+        step_s: p.step_s,
+        device_forward_s: s.device_forward_s,
+        uplink_s: s.up_s + s.latency_s,
+        edge_s: s.edge_s,
+        downlink_s: s.down_s + s.latency_s,
+        device_backward_s: s.device_backward_s,
+        device_update_s: p.device_apply_s,
+        edge_update_s: p.edge_apply_s,
     }
 }
