@@ -39,10 +39,8 @@ fn probed() -> Measurements {
 /// out independently of `Calibration::apply`.
 fn slower(device: f64, edge: f64) -> Measurements {
     let mut m = probed();
-    m.device.layers = vec![
-        LayerTimes { forward_s: device * MS, backward_s: 2.0 * device * MS, apply_s: 0.1 * device * MS };
-        3
-    ];
+    m.device.layers =
+        vec![LayerTimes { forward_s: device * MS, backward_s: 2.0 * device * MS, apply_s: 0.1 * device * MS }; 3];
     m.device.forward_call_s = 0.5 * device * MS;
     m.device.backward_call_s = 0.5 * device * MS;
     m.device.apply_call_s = 0.5 * device * MS;
