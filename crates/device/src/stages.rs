@@ -122,11 +122,14 @@ pub fn summarise(records: &[Record]) -> Option<StageSummary> {
     })
 }
 
+/// Reads one stage of a [`StageTimes`].
+type Field = fn(&StageTimes) -> f64;
+
 impl StageSummary {
     /// A table: one row per stage, predicted and measured milliseconds and the error of
     /// the prediction.
     pub fn table(&self) -> String {
-        let rows: [(&str, fn(&StageTimes) -> f64); 8] = [
+        let rows: [(&str, Field); 8] = [
             ("device forward (per micro-batch)", |s| s.device_forward_s),
             ("uplink (per micro-batch)", |s| s.uplink_s),
             ("edge (per micro-batch)", |s| s.edge_s),
