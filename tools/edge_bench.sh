@@ -11,11 +11,18 @@
 # (taskset lists) are set. EDGEFREEZE is the binary (default target/release/edgefreeze).
 # CUTS (e.g. 2,6,10) limits the cuts the planner probes: a deep model's every cut does not
 # fit the probe's budget.
-# Prints one Markdown table row per case.
+# RTT_MS (e.g. 20) adds that round trip in-process: the device reaches the server through
+# `edgefreeze edge shape --rtt-ms RTT_MS` in its namespace (the rate stays tbf's), so the
+# probe measures it too. DEVICE_SLOW=F (1 to 10) runs every device process (the probe
+# and the training) in the CPU cgroup of `tools/netns.sh throttle --factor F`: 1/F of one
+# CPU, network threads included, while the edge has a whole CPU.
+# Prints one Markdown table row per case (with the load average when it started), then
+# each case's stages, predicted and measured.
 # usage: tools/edge_bench.sh MODEL BATCH LIMIT EPOCHS "M,M,..."
 set -euo pipefail
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}")
-[[ $# -ge 5 ]] || { sed -n '2,13p' "$0"; exit 2; }
+NETNS=$(dirname "$(realpath "$0")")/netns.sh
+[[ $# -ge 5 ]] || { sed -n '2,21p' "$0"; exit 2; }
 model=$(realpath "$1"); batch=$2; limit=$3; epochs=$4; ms=$5
 work=$(mktemp -d)
 cd "$work"
@@ -25,51 +32,87 @@ echo "phone-1 $T" > tokens.txt
 EX_EDGE="ip netns exec ef-edge"; EX_DEV="ip netns exec ef-dev"; LISTEN=10.210.0.2:50078
 [[ -z ${EDGE_CPUS:-} ]] || EX_EDGE="$EX_EDGE taskset -c $EDGE_CPUS"
 [[ -z ${DEVICE_CPUS:-} ]] || EX_DEV="$EX_DEV taskset -c $DEVICE_CPUS"
+CG=
+if [[ -n ${DEVICE_SLOW:-} ]]; then
+  "$NETNS" throttle --factor "$DEVICE_SLOW" >&2
+  for d in /sys/fs/cgroup/ef-dev /sys/fs/cgroup/cpu/ef-dev; do [[ -d $d ]] && CG=$d; done
+fi
+# A device command: in the device namespace, on its CPUs, in its cgroup when throttled.
+on_dev() {
+  # Joins the cgroup before entering the namespace: `ip netns exec` remounts /sys.
+  if [[ -n $CG ]]; then timeout 3600 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" $EX_DEV "$@"
+  else timeout 3600 $EX_DEV "$@"; fi
+}
 $EX_EDGE $B edge serve --listen $LISTEN --tokens tokens.txt --threads 1 > edge.out 2> edge.err &
 EDGE_PID=$!
-trap 'kill $EDGE_PID 2>/dev/null || true' EXIT
+SHAPER_PID=
+trap 'kill $EDGE_PID $SHAPER_PID 2>/dev/null || true' EXIT
 for _ in $(seq 50); do [[ -s edge.out ]] && break; sleep 0.1; done
 ADDR=$(head -1 edge.out | awk '{print $NF}')
+if [[ -n ${RTT_MS:-} ]]; then
+  $EX_DEV $B edge shape --to "$ADDR" --rtt-ms "$RTT_MS" --for-s 7200 > shaper.out 2> shaper.err &
+  SHAPER_PID=$!
+  for _ in $(seq 50); do [[ -s shaper.out ]] && break; sleep 0.1; done
+  ADDR=$(head -1 shaper.out | awk '{print $2}')
+fi
 common=(--data fashion-mnist --epochs "$epochs" --batch "$batch" --limit "$limit" --test-limit 1000 --threads 1
         --lr 0.05 --optimizer sgd:momentum=0.9,wd=5e-4 --schedule constant --quiet)
-row() { # name run-folder plan-json cut m
+row() { # name run-folder cut m load
   python3 - "$@" <<'PY'
-import json, sys
-name, run, plan, cut, m = sys.argv[1:6]
-epochs = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"event":"epoch"' in l]
+import json, sys, statistics
+name, run, cut, m, load = sys.argv[1:6]
+lines = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+epochs = [e for e in lines if e.get("event") == "epoch"]
 secs = sum(e["train_seconds"] for e in epochs) / len(epochs)
 acc = epochs[-1]["test_accuracy"] * 100
+# Each epoch's first step warms up (first graph runs, the loader's queue): left out.
+steps = [s for s in lines if s.get("event") == "step" and "stages" in s]
+first = {}
+for s in steps:
+    first.setdefault(s["epoch"], s["step"])
+steps = [s for s in steps if s["step"] != first[s["epoch"]]]
 pred = ""
-if plan != "-":
-    p = json.load(open(plan))
-    c = [c for c in p["plan"]["candidates"] if c["candidate"]["cut"] == int(cut) and c["candidate"]["micro_batches"] == int(m)][0]
-    steps = len([1 for l in open(f"{run}/metrics.jsonl") if '"event":"step"' in l]) / len(epochs)
-    step = c["step_s"] if name != "sequential" else int(m) * c["cycle_s"] + c["device_apply_s"] + c["edge_apply_s"]
-    pred = f"{step*1e3:.0f} ms predicted, {secs/steps*1e3:.0f} ms measured ({(step/(secs/steps)-1)*100:+.0f}%)"
-print(f"| {name} | {cut} | {m} | {secs:.1f} | {acc:.2f} | {pred} |")
+if steps and "predicted" in steps[0]["stages"]:
+    meas = statistics.median(s["stages"]["measured"]["step_s"] for s in steps)
+    step = statistics.median(s["stages"]["predicted"]["step_s"] for s in steps)
+    pred = f"{step*1e3:.0f} ms predicted, {meas*1e3:.0f} ms measured ({(step/meas-1)*100:+.0f}%)"
+    keys = ["device_forward_s", "uplink_s", "edge_s", "downlink_s", "device_backward_s", "device_update_s", "edge_update_s"]
+    with open("stages.md", "a") as f:
+        f.write(f"{name} (cut {cut}, M {m}), ms predicted/measured: " + ", ".join(
+            f"{k[:-2]} {statistics.median(s['stages']['predicted'][k] for s in steps)*1e3:.1f}/"
+            f"{statistics.median(s['stages']['measured'][k] for s in steps)*1e3:.1f}" for k in keys) + "\n")
+print(f"| {name} | {cut} | {m} | {secs:.1f} | {acc:.2f} | {pred} | {load} |")
 PY
 }
+load() { cut -d' ' -f1 /proc/loadavg; }
 plan() { # frozen-layers out
-  timeout 900 $EX_DEV $B plan --model $model --edge $ADDR --device-id phone-1 --token $T --batch $batch \
+  on_dev $B plan --model $model --edge $ADDR --device-id phone-1 --token $T --batch $batch \
     --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
 }
 choice() { python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['choice']['candidate']; print(c['cut'], c['micro_batches'])" "$1"; }
-echo "| case | cut | M | train s / epoch | test acc. % | step: predicted vs measured |"
-echo "|---|---|---|---|---|---|"
-timeout 3600 $EX_DEV $B train --model $model "${common[@]}" --log-every 1 --out device-only > /dev/null
-row "device only" device-only - - - 
+echo "| case | cut | M | train s / epoch | test acc. % | step: predicted vs measured | load |"
+echo "|---|---|---|---|---|---|---|"
+l=$(load)
+on_dev $B train --model $model "${common[@]}" --log-every 1 --out device-only > /dev/null
+row "device only" device-only - - "$l"
 plan 0 plan.json
 read cut m < <(choice plan.json)
-timeout 3600 $EX_DEV $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
-  --log-every 1 --cut $cut --micro-batches 1 --sequential --out sequential > /dev/null
-row sequential sequential plan.json $cut 1
-timeout 3600 $EX_DEV $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
-  --log-every 1 --cut $cut --micro-batches $m --out pipelined > /dev/null
-row pipelined pipelined plan.json $cut $m
+l=$(load)
+on_dev $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
+  --log-every 1 --cut $cut --micro-batches 1 --sequential --plan plan.json --out sequential > /dev/null 2> sequential.err
+row sequential sequential $cut 1 "$l"
+l=$(load)
+on_dev $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
+  --log-every 1 --cut $cut --micro-batches $m --plan plan.json --out pipelined > /dev/null 2> pipelined.err
+row pipelined pipelined $cut $m "$l"
 # A frozen device side: the planner's choice among cuts whose device layers are all frozen.
 layers=$($B inspect $model --json | python3 -c "import json,sys; print(len(json.load(sys.stdin)['layers']))")
 plan $((layers - 1)) frozen.json
 read fcut fm < <(choice frozen.json)
-timeout 3600 $EX_DEV $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
-  --log-every 1 --cut $fcut --micro-batches $fm --freeze-device --out frozen > /dev/null
-row "pipelined, device frozen" frozen frozen.json $fcut $fm
+l=$(load)
+on_dev $B device train --edge $ADDR --device-id phone-1 --token $T --model $model "${common[@]}" \
+  --log-every 1 --cut $fcut --micro-batches $fm --freeze-device --plan frozen.json --out frozen > /dev/null 2> frozen.err
+row "pipelined, device frozen" frozen $fcut $fm "$l"
+echo
+cat stages.md
+[[ -z $CG ]] || "$NETNS" unthrottle >&2

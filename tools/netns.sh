@@ -6,6 +6,8 @@
 #   tools/netns.sh rate [--name NAME] [--up RATE] [--down RATE] [--burst SIZE] [--latency TIME]
 #   tools/netns.sh status [--name NAME]
 #   tools/netns.sh down [--name NAME]
+#   tools/netns.sh throttle [--name NAME] --factor F
+#   tools/netns.sh unthrottle [--name NAME]
 #
 # `up` creates namespaces NAME-dev (the device, 10.210.0.1) and NAME-edge (the edge
 # server, 10.210.0.2), joined by veth NAME-d <-> NAME-e, each end with a tbf qdisc on its
@@ -16,6 +18,12 @@
 # traffic at the rate (at least 3028 bytes, two full frames): a bigger bucket lets a whole
 # micro-batch through at line speed after an idle moment (a 64 KiB bucket at 5mbit made
 # 66 KB steps take half the time the rate allows), a smaller one cannot reach the rate.
+#
+# `throttle` makes a CPU cgroup NAME-dev (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us)
+# whose processes together get 1/F of one CPU: a quota of 10/F ms in every 10 ms period
+# (F at most 10: the kernel's least quota is 1 ms). A device process joins it by writing
+# its pid to the cgroup's cgroup.procs (tools/edge_bench.sh does, with DEVICE_SLOW=F);
+# its threads and children stay in it. `unthrottle` removes it.
 #
 # Delay: netem is not available on the machines this runs on, so the script adds none;
 # add delay in-process with the link shaper (crates/shaper), e.g. a shaper inside NAME-dev
@@ -31,9 +39,10 @@ up_rate=20mbit
 down_rate=20mbit
 burst=
 latency=100ms
+factor=
 T=10 # seconds any one ip/tc command may take
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 [[ $# -ge 1 ]] || usage
 command=$1
@@ -45,6 +54,7 @@ while [[ $# -gt 0 ]]; do
         --down) down_rate=$2; shift 2 ;;
         --burst) burst=$2; shift 2 ;;
         --latency) latency=$2; shift 2 ;;
+        --factor) factor=$2; shift 2 ;;
         -h|--help) usage ;;
         *) echo "netns.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -78,6 +88,12 @@ shape() { # namespace interface rate
         latency "$latency"
 }
 
+# The device's CPU cgroup: cgroup v2 where the unified hierarchy has the cpu controller,
+# else v1's cpu hierarchy.
+cgroup_dir() {
+    if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then echo "/sys/fs/cgroup/$1"; else echo "/sys/fs/cgroup/cpu/$1"; fi
+}
+
 case $command in
     up)
         if run ip netns list | grep -qw -- "$dev"; then
@@ -107,6 +123,23 @@ case $command in
     status)
         run ip netns exec "$dev" tc qdisc show dev "$name-d"
         run ip netns exec "$edge" tc qdisc show dev "$name-e"
+        ;;
+    throttle)
+        if ! [[ $factor =~ ^([1-9]|10)(\.[0-9]+)?$ ]] || awk -v f="$factor" 'BEGIN { exit !(f > 10) }'; then
+            echo "netns.sh: --factor must be a number from 1 to 10, not '$factor'" >&2
+            exit 2
+        fi
+        quota=$(awk -v f="$factor" 'BEGIN { printf "%d", 10000 / f }')
+        cg=$(cgroup_dir "$dev")
+        mkdir -p "$cg"
+        if [[ -e $cg/cpu.max ]]; then echo "$quota 10000" > "$cg/cpu.max"
+        else echo 10000 > "$cg/cpu.cfs_period_us"; echo "$quota" > "$cg/cpu.cfs_quota_us"; fi
+        echo "$cg: ${quota} us of CPU in every 10000 us (1/$factor of one CPU)"
+        ;;
+    unthrottle)
+        cg=$(cgroup_dir "$dev")
+        [[ ! -d $cg ]] || rmdir "$cg"
+        echo "removed $cg"
         ;;
     down)
         run ip netns del "$dev" 2>/dev/null || true

@@ -114,6 +114,11 @@ pub struct DeviceTrainArgs {
     /// No progress bar or per-epoch lines.
     #[arg(long)]
     pub quiet: bool,
+    /// The output of `edgefreeze plan --json` for this model and link: the run's
+    /// (server, cut, M, mode) is predicted from its measurements and the prediction of
+    /// each stage is logged beside the measured one (without --adapt, which predicts).
+    #[arg(long, conflicts_with = "adapt")]
+    pub plan: Option<PathBuf>,
 }
 
 /// Runs `device ...`.
@@ -198,6 +203,14 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
         let adapter = crate::plan::replanner(&trainer, &dir, &edges, args, &engine, &engine_options)?;
         trainer.set_adapter(Box::new(adapter));
     }
+    if let Some(path) = &args.plan {
+        let prediction = predict_from_plan(path, &trainer, args.max_in_flight)
+            .with_context(|| format!("--plan {}", path.display()))?;
+        if !args.quiet {
+            eprintln!("predicted step (from {}): {:.1} ms", path.display(), prediction.step_s * 1e3);
+        }
+        trainer.set_prediction(edgefreeze_probe::adapt::stage_times(&prediction));
+    }
     let spec = trainer.spec().clone();
     let split = trainer.device_run().split.clone();
     if !args.quiet {
@@ -229,6 +242,10 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
     }
     let summary = trainer.run()?;
     trainer.close().context("closing the session")?;
+    let records = edgefreeze_train::metrics::read_records(&dir.join(edgefreeze_train::run::METRICS_FILE))?;
+    if let Some(stages) = edgefreeze_device::stages::summarise(&records) {
+        eprint!("{}", stages.table());
+    }
     if let Some(acc) = summary.test_accuracy {
         println!(
             "trained {} epochs ({} updates): test accuracy {:.2}%; device checkpoint {}",
@@ -247,6 +264,49 @@ fn train(args: &DeviceTrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The cost model's prediction for the run `trainer` trains, from the measurements in a
+/// plan file (`edgefreeze plan --json`).
+fn predict_from_plan(
+    path: &std::path::Path,
+    trainer: &DeviceTrainer,
+    max_in_flight: Option<usize>,
+) -> Result<edgefreeze_plan::Prediction> {
+    use edgefreeze_plan::{Candidate, CostModel, Measurements, Mode, Workload};
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        measurements: Measurements,
+    }
+    #[derive(serde::Deserialize)]
+    struct PlanFile {
+        probe: Probe,
+        cost_model: CostModel,
+        workload: Workload,
+    }
+    let text = std::fs::read_to_string(path).context("reading the plan")?;
+    let file: PlanFile = serde_json::from_str(&text).context("not the output of `edgefreeze plan --json`")?;
+    let split = &trainer.device_run().split;
+    let address = &trainer.edge_place().address;
+    let servers = &file.probe.measurements.servers;
+    let server = servers
+        .iter()
+        .position(|s| &s.name == address)
+        .or((servers.len() == 1).then_some(0))
+        .with_context(|| format!("the plan measured no server at {address}"))?;
+    let candidate = Candidate {
+        server,
+        cut: split.cut,
+        micro_batches: split.micro_batches,
+        mode: if split.sequential { Mode::Sequential } else { Mode::Pipelined(max_in_flight) },
+    };
+    // The run's own batch and frozen prefix: a frozen device side freezes every layer
+    // up to its cut.
+    let workload = Workload {
+        batch: trainer.spec().recipe.batch,
+        frozen_layers: if split.freeze_device { split.cut + 1 } else { file.workload.frozen_layers.min(split.cut) },
+    };
+    Ok(file.cost_model.predict(&file.probe.measurements, &workload, &candidate)?)
 }
 
 /// Whether this command made a run folder (to remove it again when the start fails).

@@ -23,6 +23,9 @@ enum EdgeCommand {
     Serve(ServeArgs),
     /// Print a new random device token (for a tokens-file line `device_id token`).
     Token,
+    /// Emulate a link in front of an edge server: a proxy on 127.0.0.1 with a rate and
+    /// a delay each way, whose rate can change while it runs (benchmarks).
+    Shape(crate::shape::ShapeArgs),
 }
 
 /// `edgefreeze edge serve`.
@@ -63,6 +66,7 @@ pub struct ServeArgs {
 pub fn run(args: &EdgeArgs) -> Result<()> {
     match &args.command {
         EdgeCommand::Serve(serve) => run_serve(serve),
+        EdgeCommand::Shape(shape) => crate::shape::run(shape),
         EdgeCommand::Token => {
             println!("{}", edgefreeze_wire::auth::generate_token()?);
             Ok(())

@@ -7,6 +7,7 @@ mod edge;
 mod export;
 mod inspect;
 mod plan;
+mod shape;
 mod train;
 
 use anyhow::Result;

@@ -14,6 +14,7 @@ pub mod link;
 pub mod local;
 pub mod pipeline;
 pub mod split;
+pub mod stages;
 pub mod timeline;
 pub mod trainer;
 

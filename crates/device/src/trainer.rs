@@ -24,7 +24,7 @@ use edgefreeze_data::named::Splits;
 use edgefreeze_data::{Loader, LoaderOptions, Samples, batch_count, epoch_order};
 use edgefreeze_engine::{StateUpdates, Value};
 use edgefreeze_train::checkpoint::{Checkpoint, CheckpointInfo, FORMAT, checkpoint_path, list_checkpoints};
-use edgefreeze_train::metrics::{Decision, DecisionKind, MetricsLog, Record};
+use edgefreeze_train::metrics::{Decision, DecisionKind, MetricsLog, Record, StageTimes, StepStages};
 use edgefreeze_train::run::{GRAPHS_DIR, METRICS_FILE, read_manifest};
 use edgefreeze_train::{
     ModelSource, Recipe, RunSpec, TrainOptions, TrainSummary, batch_values, check_fit, create_run, dropout_seed,
@@ -89,6 +89,9 @@ pub struct DeviceOptions {
     /// Called after every update with the number of updates done (an observer: progress
     /// displays, tests that act at a given step).
     pub after_update: Option<AfterUpdate>,
+    /// The cost model's prediction of the run's stages, logged beside the measured ones
+    /// in every step record when there is no adapter to ask (`device train --plan`).
+    pub prediction: Option<StageTimes>,
 }
 
 /// A callback run after every update with the number of updates done.
@@ -113,6 +116,7 @@ impl Default for DeviceOptions {
             sync_every: 20,
             alone_if_no_edge: false,
             after_update: None,
+            prediction: None,
         }
     }
 }
@@ -185,6 +189,10 @@ pub trait Adapter: Send {
     fn after_step(&mut self, seen: &StepSeen) -> Option<Move>;
     /// The step time it predicts for the run as it trains now, if it has a prediction.
     fn predicted_s(&self) -> Option<f64> {
+        None
+    }
+    /// The stages it predicts for the run as it trains now, if it has a prediction.
+    fn predicted_stages(&self) -> Option<StageTimes> {
         None
     }
     /// What it measured and decided since last asked, for the log (lines of text).
@@ -879,6 +887,8 @@ impl DeviceTrainer {
             let seen: usize = done.iter().map(|b| b.samples).sum();
             let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
             if self.steps_done.is_multiple_of(recipe.log_every.max(1)) {
+                let predicted = self.adapter.as_ref().and_then(|a| a.predicted_stages()).or(self.options.prediction);
+                let measured = crate::stages::measured(&report.times, step_seconds);
                 metrics.push(Record::Step {
                     epoch,
                     step: self.steps_done,
@@ -886,6 +896,7 @@ impl DeviceTrainer {
                     accuracy: report.correct / report.samples as f64,
                     lr,
                     samples_per_s: rate,
+                    stages: Some(StepStages { measured, predicted }),
                 })?;
             }
             bar.inc(1);
@@ -1250,6 +1261,12 @@ impl DeviceTrainer {
     /// Asks `adapter` after every update whether the run should move.
     pub fn set_adapter(&mut self, adapter: Box<dyn Adapter>) {
         self.adapter = Some(adapter);
+    }
+
+    /// Sets the prediction of the run's stages logged beside the measured ones when no
+    /// adapter gives one.
+    pub fn set_prediction(&mut self, prediction: StageTimes) {
+        self.options.prediction = Some(prediction);
     }
 
     /// The current server's place in the run's list (`None` when training alone).

@@ -14,12 +14,14 @@
 //!
 //! `docs/edge.md` ("Planning") derives the model.
 
+pub mod calibrate;
 pub mod cost;
 mod error;
 pub mod measure;
 pub mod planner;
 pub mod replan;
 
+pub use calibrate::Calibration;
 pub use cost::{Candidate, CostModel, Mode, Prediction, Resource, Stages, Workload};
 pub use error::{PlanError, Result};
 pub use measure::{Affine, CutBytes, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes, Measurements, ServerTimes};

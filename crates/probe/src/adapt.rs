@@ -14,9 +14,10 @@
 use crate::{ProbeSettings, Target, probe_links};
 use edgefreeze_device::trainer::{Adapter, Move, StepSeen};
 use edgefreeze_plan::{
-    Candidate, CostModel, Decision, Measurements, Mode, Plan, ReplanPolicy, Space, Workload, decide, migration_s,
-    recut_s,
+    Calibration, Candidate, CostModel, Decision, Measurements, Mode, Plan, Prediction, ReplanPolicy, Space, Workload,
+    decide, migration_s, recut_s,
 };
+use edgefreeze_train::metrics::StageTimes;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,10 @@ pub struct Replanner {
     state_bytes: Box<dyn Fn(usize) -> (u64, u64) + Send>,
     current: Candidate,
     predicted_s: f64,
+    predicted_stages: Option<StageTimes>,
     steps: VecDeque<f64>,
+    /// The device's measured forward + backward per micro-batch over the same steps.
+    device_compute: VecDeque<f64>,
     last_check: u64,
     notes: Vec<String>,
 }
@@ -83,8 +87,9 @@ impl Replanner {
         current: Candidate,
         state_bytes: Box<dyn Fn(usize) -> (u64, u64) + Send>,
     ) -> Replanner {
-        let predicted_s =
-            plan.candidates.iter().find(|p| p.candidate == current).map_or(plan.chosen().step_s, |p| p.step_s);
+        let now = plan.candidates.iter().find(|p| p.candidate == current);
+        let predicted_s = now.map_or(plan.chosen().step_s, |p| p.step_s);
+        let predicted_stages = now.map(stage_times);
         Replanner {
             settings,
             probe,
@@ -96,7 +101,9 @@ impl Replanner {
             state_bytes,
             current,
             predicted_s,
+            predicted_stages,
             steps: VecDeque::new(),
+            device_compute: VecDeque::new(),
             last_check: 0,
             notes: Vec::new(),
         }
@@ -135,13 +142,35 @@ impl Replanner {
             Err(e) => self.notes.push(format!("re-probe: {e}")),
         }
         self.notes.push(format!("re-probed the links in {:.2} s", started.elapsed().as_secs_f64()));
-        match edgefreeze_plan::plan(&self.model, &self.measurements, &self.workload, &self.space) {
+        // The device's compute calibrated from the run's own steps: it is the same whichever
+        // server or cut is chosen, so every candidate is corrected alike. The edge's is
+        // not: correcting only the server trained with would favour the others.
+        let measurements = match self.device_calibration() {
+            Some(c) => {
+                self.notes.push(format!("the device's compute calibrated by {:.2}x from the run's steps", c.device));
+                c.apply(&self.measurements, self.current.server).unwrap_or_else(|_| self.measurements.clone())
+            }
+            None => self.measurements.clone(),
+        };
+        match edgefreeze_plan::plan(&self.model, &measurements, &self.workload, &self.space) {
             Ok(plan) => plan,
             Err(e) => {
                 self.notes.push(format!("re-plan failed: {e}"));
                 Plan { candidates: Vec::new(), choice: 0 }
             }
         }
+    }
+
+    /// The device's factor: its median measured forward + backward over the window
+    /// against the probe's prediction for the current candidate (None without either).
+    fn device_calibration(&self) -> Option<Calibration> {
+        if self.device_compute.is_empty() {
+            return None;
+        }
+        let predicted = self.model.predict(&self.measurements, &self.workload, &self.current).ok()?;
+        let measured = median(&self.device_compute);
+        let p = predicted.stages.device_forward_s + predicted.stages.device_backward_s;
+        (measured > 0.0 && p > 0.0).then(|| Calibration { device: measured / p, edge: 1.0 })
     }
 
     /// Seconds moving from the current candidate to `to` costs.
@@ -175,9 +204,14 @@ impl Adapter for Replanner {
         let server = seen.server?;
         self.current = Candidate { server, cut: seen.cut, micro_batches: seen.micro_batches, ..self.current };
         self.steps.push_back(seen.seconds);
+        let stages = edgefreeze_device::stages::measured(seen.times, seen.seconds);
+        self.device_compute.push_back(stages.device_forward_s + stages.device_backward_s);
         let window = self.settings.window.clamp(1, self.settings.check_every.max(1) as usize);
         while self.steps.len() > window {
             self.steps.pop_front();
+        }
+        while self.device_compute.len() > window {
+            self.device_compute.pop_front();
         }
         if self.steps.len() < window || seen.step < self.last_check + self.settings.check_every.max(1) {
             return None;
@@ -209,11 +243,13 @@ impl Adapter for Replanner {
         let decision = decide(&self.settings.policy, &current, Some(&fresh), |c| self.move_cost(c));
         // Whatever is decided, later checks compare with the fresh prediction.
         self.steps.clear();
+        self.device_compute.clear();
         match decision {
             Ok(Decision::Move { to, current_s, candidate_s, gain_s, cost_s })
                 if matches!(to.mode, Mode::Pipelined(_)) =>
             {
                 self.predicted_s = candidate_s;
+                self.predicted_stages = fresh.candidates.iter().find(|p| p.candidate == to).map(stage_times);
                 self.current = to;
                 let name = |i: usize| self.measurements.servers.get(i).map_or("?".to_string(), |s| s.name.clone());
                 Some(Move {
@@ -237,6 +273,7 @@ impl Adapter for Replanner {
             Ok(_) => {
                 if let Some(p) = fresh.candidates.iter().find(|p| p.candidate == self.current) {
                     self.predicted_s = p.step_s;
+                    self.predicted_stages = Some(stage_times(p));
                 }
                 self.notes.push(format!(
                     "update {}: no move saves more than it costs; predicted step now {:.1} ms",
@@ -258,5 +295,25 @@ impl Adapter for Replanner {
 
     fn predicted_s(&self) -> Option<f64> {
         Some(self.predicted_s)
+    }
+
+    fn predicted_stages(&self) -> Option<StageTimes> {
+        self.predicted_stages
+    }
+}
+
+/// A prediction's stages as the device measures them (`edgefreeze_device::stages`): a
+/// crossing's time is its occupancy and its latency.
+pub fn stage_times(p: &Prediction) -> StageTimes {
+    let s = &p.stages;
+    StageTimes {
+        step_s: p.step_s,
+        device_forward_s: s.device_forward_s,
+        uplink_s: s.up_s + s.latency_s,
+        edge_s: s.edge_s,
+        downlink_s: s.down_s + s.latency_s,
+        device_backward_s: s.device_backward_s,
+        device_update_s: p.device_apply_s,
+        edge_update_s: p.edge_apply_s,
     }
 }

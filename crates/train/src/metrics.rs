@@ -24,6 +24,10 @@ pub enum Record {
         lr: f64,
         /// Training throughput since the start of the epoch.
         samples_per_s: f64,
+        /// Device–edge training: the step's stages as measured, beside the cost model's
+        /// prediction for them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stages: Option<StepStages>,
     },
     /// The end of an epoch, with its evaluation.
     Epoch {
@@ -71,6 +75,42 @@ pub fn process_cpu_seconds() -> Option<f64> {
 #[cfg(not(unix))]
 pub fn process_cpu_seconds() -> Option<f64> {
     None
+}
+
+/// The stages of one device–edge training step, in seconds. The per-micro-batch stages
+/// are means over the step's micro-batches; a link's or the edge's time is its service
+/// time: from when the micro-batch could be served (it had arrived and the one before it
+/// was done) to when it was done, so queueing behind another micro-batch is not counted
+/// and the latency of a crossing is.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct StageTimes {
+    /// The whole step.
+    pub step_s: f64,
+    /// Device forward of one micro-batch.
+    pub device_forward_s: f64,
+    /// Uplink: one micro-batch's activation, device → edge (occupancy and latency).
+    pub uplink_s: f64,
+    /// Edge: from a micro-batch's arrival to its reply (decoding, the edge step,
+    /// encoding).
+    pub edge_s: f64,
+    /// Downlink: one micro-batch's reply, edge → device (occupancy and latency).
+    pub downlink_s: f64,
+    /// Device backward of one micro-batch (0 with a frozen device side).
+    pub device_backward_s: f64,
+    /// The device's update.
+    pub device_update_s: f64,
+    /// The edge's update as the device waits for it (a round trip and the update).
+    pub edge_update_s: f64,
+}
+
+/// A step's stages: measured, and predicted when the run has a prediction.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepStages {
+    /// What the step's timestamps say.
+    pub measured: StageTimes,
+    /// What the cost model predicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<StageTimes>,
 }
 
 impl Record {

@@ -404,7 +404,15 @@ impl Trainer {
                 observers.iter_mut().try_for_each(|o| o.on_event(d))?;
             }
             let rate = seen as f64 / start.elapsed().as_secs_f64().max(1e-9);
-            let record = Record::Step { epoch, step, loss, accuracy: correct / len as f64, lr, samples_per_s: rate };
+            let record = Record::Step {
+                epoch,
+                step,
+                loss,
+                accuracy: correct / len as f64,
+                lr,
+                samples_per_s: rate,
+                stages: None,
+            };
             let status = self.controller.status();
             let event = StepEvent {
                 record: &record,
