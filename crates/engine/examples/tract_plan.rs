@@ -107,7 +107,7 @@ fn profile(plan: &std::sync::Arc<TypedSimplePlan>, inputs: TVec<TValue>) -> Trac
     })?;
     let total: f64 = times.values().map(|v| v.0.as_secs_f64()).sum();
     let mut rows: Vec<_> = times.into_iter().collect();
-    rows.sort_by(|a, b| b.1.0.cmp(&a.1.0));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.0));
     for (name, (d, n)) in rows.iter().take(15) {
         println!("    {name:>24} {n:5}x {:8.1} ms {:5.1}%", d.as_secs_f64() * 1e3, 100.0 * d.as_secs_f64() / total);
     }
