@@ -11,6 +11,7 @@
 //! change sides). A re-probe that finds nothing better re-bases the prediction on the
 //! fresh measurements.
 
+use crate::device::median;
 use crate::{ProbeSettings, Target, probe_links};
 use edgefreeze_device::trainer::{Adapter, Move, StepSeen};
 use edgefreeze_plan::{
@@ -63,9 +64,9 @@ pub struct Replanner {
     current: Candidate,
     predicted_s: f64,
     predicted_stages: Option<StageTimes>,
-    steps: VecDeque<f64>,
-    /// The device's measured forward + backward per micro-batch over the same steps.
-    device_compute: VecDeque<f64>,
+    /// The last `window` steps: (step seconds, the device's measured forward + backward
+    /// per micro-batch).
+    steps: VecDeque<(f64, f64)>,
     last_check: u64,
     notes: Vec<String>,
 }
@@ -103,7 +104,6 @@ impl Replanner {
             predicted_s,
             predicted_stages,
             steps: VecDeque::new(),
-            device_compute: VecDeque::new(),
             last_check: 0,
             notes: Vec::new(),
         }
@@ -164,11 +164,11 @@ impl Replanner {
     /// The device's factor: its median measured forward + backward over the window
     /// against the probe's prediction for the current candidate (None without either).
     fn device_calibration(&self) -> Option<Calibration> {
-        if self.device_compute.is_empty() {
+        if self.steps.is_empty() {
             return None;
         }
         let predicted = self.model.predict(&self.measurements, &self.workload, &self.current).ok()?;
-        let measured = median(&self.device_compute);
+        let measured = median(self.steps.iter().map(|s| s.1).collect());
         let p = predicted.stages.device_forward_s + predicted.stages.device_backward_s;
         (measured > 0.0 && p > 0.0).then(|| Calibration { device: measured / p, edge: 1.0 })
     }
@@ -192,26 +192,16 @@ impl Replanner {
     }
 }
 
-fn median(values: &VecDeque<f64>) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 impl Adapter for Replanner {
     fn after_step(&mut self, seen: &StepSeen) -> Option<Move> {
         // The run's own view of where it is (a fail-over may have moved it).
         let server = seen.server?;
         self.current = Candidate { server, cut: seen.cut, micro_batches: seen.micro_batches, ..self.current };
-        self.steps.push_back(seen.seconds);
         let stages = edgefreeze_device::stages::measured(seen.times, seen.seconds);
-        self.device_compute.push_back(stages.device_forward_s + stages.device_backward_s);
+        self.steps.push_back((seen.seconds, stages.device_forward_s + stages.device_backward_s));
         let window = self.settings.window.clamp(1, self.settings.check_every.max(1) as usize);
         while self.steps.len() > window {
             self.steps.pop_front();
-        }
-        while self.device_compute.len() > window {
-            self.device_compute.pop_front();
         }
         if self.steps.len() < window || seen.step < self.last_check + self.settings.check_every.max(1) {
             return None;
@@ -220,7 +210,7 @@ impl Adapter for Replanner {
         let current = edgefreeze_plan::Current {
             candidate: self.current,
             predicted_s: self.predicted_s,
-            measured_s: median(&self.steps),
+            measured_s: median(self.steps.iter().map(|s| s.0).collect()),
             remaining_steps: seen.total_steps.saturating_sub(seen.step),
         };
         match decide(&self.settings.policy, &current, None, |_| 0.0) {
@@ -243,7 +233,6 @@ impl Adapter for Replanner {
         let decision = decide(&self.settings.policy, &current, Some(&fresh), |c| self.move_cost(c));
         // Whatever is decided, later checks compare with the fresh prediction.
         self.steps.clear();
-        self.device_compute.clear();
         match decision {
             Ok(Decision::Move { to, current_s, candidate_s, gain_s, cost_s })
                 if matches!(to.mode, Mode::Pipelined(_)) =>

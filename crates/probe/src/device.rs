@@ -49,7 +49,8 @@ pub struct DeviceSetup<'a> {
     pub engine_options: &'a EngineOptions,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The upper median (of an even count, the larger middle value).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
