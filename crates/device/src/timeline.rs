@@ -10,6 +10,7 @@
 
 use crate::error::{DeviceError, Result};
 use crate::pipeline::{DeviceWork, StepTimes};
+use edgefreeze_train::plot::{Canvas, DrawResult, render};
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -165,7 +166,7 @@ pub fn draw_schedule(steps: &[StepTimes], title: &str, path: &Path) -> Result<()
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("schedule.png");
     let partial = path.with_file_name(format!(".{name}.partial.png"));
-    draw(&bars, title, &partial).map_err(|e| fail(e.to_string()))?;
+    render(&partial, (1400, 420), |root| draw(&bars, title, root)).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
 }
 
@@ -190,16 +191,15 @@ pub fn draw_step_times(steps: &[StepTime], decisions: &[(u64, String)], title: &
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("steps.png");
     let partial = path.with_file_name(format!(".{name}.partial.png"));
-    draw_steps(steps, decisions, title, &partial).map_err(|e| fail(e.to_string()))?;
+    render(&partial, (1100, 480), |root| draw_steps(steps, decisions, title, root)).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
 }
 
-fn draw_steps(steps: &[StepTime], decisions: &[(u64, String)], title: &str, path: &Path) -> DrawResult {
+fn draw_steps(steps: &[StepTime], decisions: &[(u64, String)], title: &str, root: Canvas<'_>) -> DrawResult {
     let last = steps.iter().map(|s| s.step).max().unwrap_or(1).max(1) as f64;
     let top = steps.iter().flat_map(|s| [s.measured_s, s.predicted_s.unwrap_or(0.0)]).fold(0.0, f64::max).max(1e-3)
         * 1e3
         * 1.15;
-    let root = BitMapBackend::new(path, (1100, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
@@ -233,13 +233,10 @@ fn draw_steps(steps: &[StepTime], decisions: &[(u64, String)], title: &str, path
     Ok(())
 }
 
-type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
-
-fn draw(bars: &[Bar], title: &str, path: &Path) -> DrawResult {
+fn draw(bars: &[Bar], title: &str, root: Canvas<'_>) -> DrawResult {
     let t0 = bars.iter().map(|b| b.start_us).min().unwrap_or(0);
     let ms = |t: i64| (t - t0) as f64 / 1000.0;
     let span = bars.iter().map(|b| ms(b.end_us)).fold(0.001, f64::max);
-    let root = BitMapBackend::new(path, (1400, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))

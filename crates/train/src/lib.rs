@@ -20,6 +20,7 @@ pub mod export;
 pub mod metrics;
 pub mod observe;
 pub mod plot;
+pub mod png;
 pub mod run;
 pub mod schedule;
 pub mod step;

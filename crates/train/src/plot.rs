@@ -1,5 +1,6 @@
 //! Loss and accuracy curves drawn to PNG with plotters, in pure Rust: text is rendered
-//! with a TrueType font read from the system (Debian's `fonts-dejavu-core`).
+//! with a TrueType font read from the system (Debian's `fonts-dejavu-core`), pixels go to
+//! an RGB buffer, and [`crate::png`] encodes it.
 
 use crate::error::{Result, TrainError};
 use crate::metrics::{Decision, DecisionKind, Record};
@@ -60,11 +61,24 @@ pub fn plot_training_with_decisions(
     // Drawn next to the target and renamed over it, so a reader never sees half a PNG.
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
     let partial = path.with_file_name(format!(".{name}.partial.png"));
-    draw(records, decisions, title, &partial).map_err(|e| fail(e.to_string()))?;
+    render(&partial, (1200, 480), |root| draw(records, decisions, title, root)).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
 }
 
-type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+/// What drawing a chart returns: plotters' errors and the PNG writer's, boxed alike.
+pub type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// A chart's drawing area: plotters' bitmap backend over an RGB buffer.
+pub type Canvas<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// Draws a `width` x `height` chart with `draw` into an RGB buffer and writes it to `path`
+/// as PNG.
+pub fn render(path: &Path, (width, height): (u32, u32), draw: impl FnOnce(Canvas<'_>) -> DrawResult) -> DrawResult {
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    draw(BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area())?;
+    crate::png::write_rgb(path, width, height, &rgb)?;
+    Ok(())
+}
 
 /// The frozen depth over the run as (step, depth) corners of a step line, and the steps
 /// of freezes and unfreezes.
@@ -82,7 +96,7 @@ fn timeline(decisions: &[Decision], last_step: f64) -> (Vec<(f64, f64)>, Vec<f64
     (line, marks)
 }
 
-fn draw(records: &[Record], decisions: &[Decision], title: &str, path: &Path) -> DrawResult {
+fn draw(records: &[Record], decisions: &[Decision], title: &str, root: Canvas<'_>) -> DrawResult {
     let mut steps = Vec::new();
     let mut epochs = Vec::new();
     for r in records {
@@ -93,7 +107,6 @@ fn draw(records: &[Record], decisions: &[Decision], title: &str, path: &Path) ->
             }
         }
     }
-    let root = BitMapBackend::new(path, (1200, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22))?;
     let (left, right) = root.split_horizontally(600);
