@@ -217,7 +217,12 @@ fn a_busy_device_runs_its_forwards_first_and_hides_the_round_trips() {
         servers: vec![ServerTimes {
             name: "far".into(),
             link: link(100.0, 1e6, 1e6),
-            cuts: vec![EdgeCutTimes { cut: 0, step: Affine { fixed_s: 0.0, per_sample_s: 1.0 * MS }, apply_s: 0.0, overlap: Overlap::default() }],
+            cuts: vec![EdgeCutTimes {
+                cut: 0,
+                step: Affine { fixed_s: 0.0, per_sample_s: 1.0 * MS },
+                apply_s: 0.0,
+                overlap: Overlap::default(),
+            }],
         }],
     };
     let workload = Workload { batch: 4, frozen_layers: 0 };
