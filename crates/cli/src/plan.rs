@@ -290,8 +290,16 @@ pub fn replanner(
         micro_batches.push(split.micro_batches);
         micro_batches.sort_unstable();
     }
+    let cuts = args.adapt_cuts.as_ref().map(|cuts| {
+        let mut cuts = cuts.clone();
+        cuts.push(split.cut);
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts
+    });
     let settings = ProbeSettings {
         micro_batches: micro_batches.clone(),
+        cuts,
         frozen_layers: if split.freeze_device { split.cut + 1 } else { 0 },
         loss: manifest.loss.clone(),
         optimizer: manifest.optimizer.clone(),
