@@ -3,7 +3,8 @@
 # EPOCHS (3), batch 32, for each of SEEDS (1 2): local (device only, in the device namespace of
 # tools/netns.sh, run as root after `tools/netns.sh up`) and split pipelined at cut CUT (8), M
 # micro-batches (4) over the namespace link with a 20 ms round trip added in-process. Run folders
-# and the summary go to OUT (default ./edge-accuracy). EDGEFREEZE: the binary.
+# and the summary go to OUT (relative to the repository root; default edge-accuracy).
+# EDGEFREEZE: the binary (default target/release/edgefreeze).
 set -u
 cd "$(dirname "$(realpath "$0")")/.."
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}"); model=$(realpath models/resnet20_28.onnx)
