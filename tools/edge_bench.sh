@@ -17,7 +17,7 @@
 # and the training) in the CPU cgroup of `tools/netns.sh throttle --factor F`: 1/F of one
 # CPU, network threads included, while the edge has a whole CPU.
 # Prints one Markdown table row per case (with the load average when it started), then
-# each case's stages, predicted and measured.
+# each case's stages, predicted and measured, and the concurrent probe's overlap factors.
 # usage: tools/edge_bench.sh MODEL BATCH LIMIT EPOCHS "M,M,..."
 set -euo pipefail
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}")
@@ -115,4 +115,14 @@ on_dev $B device train --edge $ADDR --device-id phone-1 --token $T --model $mode
 row "pipelined, device frozen" frozen $fcut $fm "$l"
 echo
 cat stages.md
+# The concurrent probe's overlap factors (device / edge) at each cut, for both plans.
+for f in plan.json frozen.json; do
+  python3 - "$f" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+k = lambda x: "n/a" if x["factor"] is None else f"{x['factor']:.2f}"
+print(f"{sys.argv[1]}: overlap factors device/edge " + ", ".join(
+    f"cut {c['cut']} {k(c['found']['device'])}/{k(c['found']['edge'])}" for c in d["probe"]["concurrent"]))
+PY
+done
 [[ -z $CG ]] || "$NETNS" unthrottle >&2

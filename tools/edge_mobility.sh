@@ -5,6 +5,9 @@
 # each behind fresh shapers with the same rate schedule (timed from the shapers' start):
 #   1. `device train --adapt` (re-plans when its measured step drifts; migrates to B),
 #   2. the same with re-planning off (--adapt-drift 1e6: it never re-probes; stays on A).
+# CUTS (e.g. 4,8) limits the cuts the adaptive runs probe and re-plan among (every cut of a
+# deep model on two servers does not fit the probe's budget); BUDGET is that probe's budget
+# in seconds (default 60).
 # Both servers and both shapers run on loopback: no root needed. The servers are pinned to
 # EDGE_CPUS (default 0), the device to DEVICE_CPUS (default 1).
 # Prints both runs' training seconds and the adaptive run's decisions; the adaptive run's
@@ -41,7 +44,7 @@ run() { # name extra-args...
   timeout 1800 taskset -c "${DEVICE_CPUS:-1}" $B device train --edge "$via_a,$via_b" --device-id phone-1 --token $T \
     --model "$model" --data fashion-mnist --epochs 1 --batch "$batch" --limit "$limit" --test-limit 1000 \
     --threads 1 --lr 0.05 --optimizer sgd:momentum=0.9,wd=5e-4 --schedule constant --log-every 1 \
-    --cut "$cut" --micro-batches "$m" --adapt --adapt-budget 60 --plot "$out/$name.png" --out "$name" "$@" \
+    --cut "$cut" --micro-batches "$m" --adapt --adapt-budget "${BUDGET:-60}" ${CUTS:+--adapt-cuts $CUTS} --plot "$out/$name.png" --out "$name" "$@" \
     > "$name.log" 2>&1
   kill $sa $sb 2>/dev/null || true
   python3 - "$name" <<'PY'

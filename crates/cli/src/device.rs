@@ -56,6 +56,11 @@ pub struct DeviceTrainArgs {
     /// --adapt: seconds the first probe may take.
     #[arg(long, default_value_t = 60.0)]
     pub adapt_budget: f64,
+    /// --adapt: the cuts to probe and re-plan among, comma-separated (default: every
+    /// valid cut; the run's own cut is always among them). Probing every cut of a deep
+    /// model on several servers does not fit a short --adapt-budget.
+    #[arg(long, value_delimiter = ',')]
+    pub adapt_cuts: Option<Vec<usize>>,
     /// --adapt: updates between checks of the measured step against its prediction.
     #[arg(long, default_value_t = 10)]
     pub adapt_every: u64,

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use edgefreeze_plan::{CostModel, Plan, Space, Workload};
+use edgefreeze_plan::{CostModel, OverlapFactors, Plan, Space, Workload};
 use edgefreeze_probe::{ProbeReport, ProbeSettings, Target};
 use edgefreeze_wire::auth::Credentials;
 use std::path::PathBuf;
@@ -69,6 +69,18 @@ pub struct PlanArgs {
     /// Cost model: bytes per micro-batch message besides its tensors, each way.
     #[arg(long, default_value_t = CostModel::default().message_bytes)]
     pub message_bytes: u64,
+    /// Cost model: the device's overlap factor where the concurrent probe did not measure
+    /// it (its compute time while the edge computes, over its time alone; 1: separate
+    /// hardware).
+    #[arg(long, default_value_t = CostModel::default().overlap.device)]
+    pub overlap_device: f64,
+    /// Cost model: the edge's overlap factor where the concurrent probe did not measure it.
+    #[arg(long, default_value_t = CostModel::default().overlap.edge)]
+    pub overlap_edge: f64,
+    /// Skip the concurrent probe (the device computing while the edge steps): the
+    /// overlap factors are then --overlap-device and --overlap-edge.
+    #[arg(long)]
+    pub no_concurrent_probe: bool,
     /// The edge's update speed in bytes of state per second (default: the device's own,
     /// as measured).
     #[arg(long)]
@@ -112,6 +124,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         budget: Duration::from_secs_f64(args.budget),
         timeout: Duration::from_secs_f64(args.timeout),
         apply_bytes_per_s: args.apply_rate,
+        concurrent: !args.no_concurrent_probe,
         ..ProbeSettings::new(args.batch)
     };
     let targets: Vec<Target> =
@@ -128,7 +141,11 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     }
     let report = edgefreeze_probe::probe(&args.model, &targets, &settings)
         .with_context(|| format!("probing for {}", args.model.display()))?;
-    let model = CostModel { latency_share: args.latency_share, message_bytes: args.message_bytes };
+    let model = CostModel {
+        latency_share: args.latency_share,
+        message_bytes: args.message_bytes,
+        overlap: OverlapFactors { device: args.overlap_device, edge: args.overlap_edge },
+    };
     let workload = Workload { batch: args.batch, frozen_layers: args.frozen_layers };
     let space = Space { micro_batches: args.micro_batches.clone(), max_in_flight: args.max_in_flight };
     let plan = edgefreeze_plan::plan(&model, &report.measurements, &workload, &space).context("planning")?;
@@ -174,18 +191,39 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
             s.link.down_bytes_per_s * 8e-6
         );
     }
+    let factor = |f: &edgefreeze_plan::OverlapFit| {
+        f.factor.map_or("not measured".to_string(), |k| format!("{k:.2}x"))
+            + &format!(" ({} ops, {:.0}% overlapped)", f.ops, f.mean_fraction * 100.0)
+    };
+    for c in &report.concurrent {
+        let _ = writeln!(
+            out,
+            "concurrent probe, {} at cut {} ({} samples, {:.1} s): device {}, edge {}",
+            c.server,
+            c.cut,
+            c.found.samples,
+            c.found.seconds,
+            factor(&c.found.device),
+            factor(&c.found.edge)
+        );
+    }
     for s in &report.skipped {
         let _ = writeln!(out, "skipped: {s}");
     }
-    let _ = writeln!(out, "stage times are per micro-batch; step times per step of the whole batch");
+    let _ = writeln!(
+        out,
+        "stage times are per micro-batch, as the step runs them (compute stretched by the overlap factors \
+         where device and edge compute at once); step times per step of the whole batch"
+    );
     let width = plan.candidates.iter().map(|p| p.server.len()).max().unwrap_or(6).max(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
+        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>9}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
         "server",
         "cut",
         "M",
         "frozen",
+        "overlap",
         "fwd ms",
         "up ms",
         "edge ms",
@@ -199,11 +237,12 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
         let s = &p.stages;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
+            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>9}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
             p.server,
             p.candidate.cut,
             p.candidate.micro_batches,
             if p.frozen_device { "yes" } else { "no" },
+            format!("{:.2}/{:.2}", p.overlap.device, p.overlap.edge),
             s.device_forward_s * 1e3,
             s.up_s * 1e3,
             s.edge_s * 1e3,
@@ -251,8 +290,16 @@ pub fn replanner(
         micro_batches.push(split.micro_batches);
         micro_batches.sort_unstable();
     }
+    let cuts = args.adapt_cuts.as_ref().map(|cuts| {
+        let mut cuts = cuts.clone();
+        cuts.push(split.cut);
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts
+    });
     let settings = ProbeSettings {
         micro_batches: micro_batches.clone(),
+        cuts,
         frozen_layers: if split.freeze_device { split.cut + 1 } else { 0 },
         loss: manifest.loss.clone(),
         optimizer: manifest.optimizer.clone(),

@@ -92,12 +92,24 @@ fn plan_prints_every_server_cut_and_micro_batch_count_and_the_choice() {
     assert_eq!(json["choice"], candidates[choice]);
     assert!(json["probe"]["elapsed_s"].as_f64().unwrap() > 0.0);
     assert_eq!(json["probe"]["measurements"]["servers"][0]["cuts"].as_array().unwrap().len(), 2);
+    // The concurrent probe ran at both cuts, and every prediction says which overlap
+    // factors it used and what the stages were apart.
+    let concurrent = json["probe"]["concurrent"].as_array().unwrap();
+    assert_eq!(concurrent.iter().map(|c| c["cut"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 1]);
+    for c in candidates {
+        let k = |side: &str| c["overlap"][side].as_f64().unwrap();
+        assert!(k("device") >= 1.0 && k("edge") >= 1.0, "{c}");
+        assert!(c["apart"]["edge_s"].as_f64().unwrap() > 0.0, "{c}");
+    }
 
     let out = plan(&edge.address, TOKEN, false);
     assert!(out.status.success(), "{}", text(&out));
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.starts_with("probed 1 server(s) at 2 cut(s), micro-batches of [4, 8] samples, in "), "{table}");
     assert!(table.contains(&format!("link to {}: round trip ", edge.address)), "{table}");
+    for cut in [0, 1] {
+        assert!(table.contains(&format!("concurrent probe, {} at cut {cut} (", edge.address)), "{table}");
+    }
     assert_eq!(table.matches("<- choice").count(), 1, "{table}");
     assert_eq!(table.lines().filter(|l| l.starts_with(&edge.address)).count(), 4, "{table}");
     assert!(table.lines().last().unwrap().starts_with(&format!("choice: server {}, cut ", edge.address)), "{table}");

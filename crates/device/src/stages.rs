@@ -15,7 +15,7 @@ use crate::pipeline::{DeviceWork, Exchange, StepTimes};
 use edgefreeze_train::metrics::{Record, StageTimes};
 
 /// How far the edge's clock runs ahead of the device's in these exchanges, in µs.
-fn edge_offset_us(exchanges: &[Exchange]) -> i64 {
+pub fn edge_offset_us(exchanges: &[Exchange]) -> i64 {
     let causal = exchanges.iter().all(|e| e.edge.received_us >= e.sent_us && e.edge.sent_us <= e.received_us);
     if causal {
         return 0;

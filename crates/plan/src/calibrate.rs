@@ -1,15 +1,12 @@
 //! Calibration from training: the compute the probe measured, scaled by what the run's
 //! own steps measure.
 //!
-//! The probe times the device with the edge idle and the edge with the device idle. A
-//! pipelined step runs both at once, and where they share hardware (the benchmark's two
-//! cores, one machine), or the machine's load changed since the probe, each computes
-//! slower than probed: on ResNet-20 at 20 Mbit/s with M = 4 the device's forward and
-//! backward took 1.4x and 1.7x and the edge step 2x their probed times, while the links
-//! were within 5% (docs/results.md). A sequential step, where they take turns, matched.
-//! So the compute is re-scaled by the ratio of measured to predicted stage time, one
-//! factor for the device and one for the server it trains with; the links are not (a
-//! re-probe measures them again).
+//! The concurrent probe measures how much slower each side computes while the other
+//! does ([`crate::overlap`]), but the machine's load can change after the probe (the
+//! benchmark's two cores are shared with other work). So the compute is re-scaled by the
+//! ratio of measured to predicted stage time (the prediction's stages as the step runs
+//! them, overlap included), one factor for the device and one for the server it trains
+//! with; the links are not (a re-probe measures them again).
 
 use crate::cost::Stages;
 use crate::error::{PlanError, Result};

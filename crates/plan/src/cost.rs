@@ -33,13 +33,21 @@
 //! no gradient download (the reply still comes: loss and timestamps, `h` bytes) and no
 //! device update.
 //!
+//! The stages above are each side's compute alone, as the probe times it apart. Where
+//! the pipeline runs the device's forward or backward while the edge steps, each runs
+//! slower by its overlap factor ([`crate::overlap`]; measured by the concurrent probe,
+//! 1 on separate hardware): the schedule stretches each operation by the share of it
+//! the other side overlaps, so sequential split learning, M = 1 and the pipeline's fill
+//! and drain keep the apart times and the steady state gets the overlapped ones.
+//!
 //! This refines PAPERS.md's model: the round-trip time is latency, counted per crossing
 //! and not in every period; the device's forward and backward share one resource; and
 //! the schedule is the device's (forwards first, a window), which the closed form
 //! overestimates when the device is the bottleneck and replies are slow to come.
 
-use crate::error::{PlanError, Result, non_negative};
+use crate::error::{PlanError, Result, at_least_one, non_negative};
 use crate::measure::{Measurements, ServerTimes};
+use crate::overlap::{OverlapFactors, covered_fraction, stretched};
 use serde::{Deserialize, Serialize};
 
 /// The constants of the cost model; every one a default the user may change.
@@ -50,11 +58,14 @@ pub struct CostModel {
     /// Bytes each micro-batch message carries besides its tensors, each way (header,
     /// loss, timestamps, gRPC and HTTP/2 framing).
     pub message_bytes: u64,
+    /// The overlap factors where the probe did not measure them ([`crate::overlap`]).
+    #[serde(default)]
+    pub overlap: OverlapFactors,
 }
 
 impl Default for CostModel {
     fn default() -> CostModel {
-        CostModel { latency_share: 0.5, message_bytes: 128 }
+        CostModel { latency_share: 0.5, message_bytes: 128, overlap: OverlapFactors::default() }
     }
 }
 
@@ -171,8 +182,15 @@ pub struct Prediction {
     pub up_bytes: f64,
     /// Bytes down per micro-batch.
     pub down_bytes: f64,
-    /// The stages of one micro-batch.
+    /// The stages of one micro-batch as the step runs them: its compute the mean over
+    /// the step's micro-batches, stretched where device and edge compute at once.
     pub stages: Stages,
+    /// The stages of one micro-batch with each side computing alone (the probe's times).
+    #[serde(default)]
+    pub apart: Stages,
+    /// The overlap factors the prediction used.
+    #[serde(default)]
+    pub overlap: OverlapFactors,
     /// One micro-batch end to end.
     pub cycle_s: f64,
     /// The steady-state period: the busiest resource's time per micro-batch.
@@ -191,6 +209,8 @@ impl CostModel {
     /// Checks the constants.
     pub fn validate(&self) -> Result<()> {
         non_negative(|| "the latency share of a crossing".into(), self.latency_share)?;
+        at_least_one(|| "the default device overlap factor".into(), self.overlap.device)?;
+        at_least_one(|| "the default edge overlap factor".into(), self.overlap.edge)?;
         Ok(())
     }
 
@@ -220,7 +240,7 @@ impl CostModel {
         let forward: f64 = layers.iter().map(|l| l.forward_s).sum();
         let backward: f64 = layers.iter().map(|l| l.backward_s).sum();
         let apply: f64 = layers.iter().map(|l| l.apply_s).sum();
-        let stages = Stages {
+        let apart = Stages {
             device_forward_s: m.device.forward_call_s + n * forward,
             up_s: up_bytes / s.link.up_bytes_per_s,
             edge_s: edge.step.at(n),
@@ -228,9 +248,14 @@ impl CostModel {
             device_backward_s: if frozen_device { 0.0 } else { m.device.backward_call_s + n * backward },
             latency_s: self.latency_share * s.link.rtt_s,
         };
+        let overlap = self.overlap.or_measured(&edge.overlap);
+        let window = mode.window(micro_batches);
+        let timeline = schedule(&apart, micro_batches, window, overlap);
+        let stages = timeline.mean_stages(&apart);
         let cycle_s = stages.cycle_s();
-        // The period and the bottleneck: the busiest resource, or the window when it
-        // makes the step longer than an unlimited one would be.
+        // The period and the bottleneck: the busiest resource (its mean time as the step
+        // runs it), or the window when it makes the step longer than an unlimited one
+        // would be.
         let (mut bottleneck, period_s) = [
             (Resource::Device, stages.device_forward_s + stages.device_backward_s),
             (Resource::Uplink, stages.up_s),
@@ -239,9 +264,10 @@ impl CostModel {
         ]
         .into_iter()
         .fold((Resource::Device, f64::NEG_INFINITY), |best, r| if r.1 > best.1 { r } else { best });
-        let window = mode.window(micro_batches);
-        let micro_s = schedule(&stages, micro_batches, window);
-        if window < micro_batches && micro_s > schedule(&stages, micro_batches, micro_batches) * (1.0 + 1e-12) {
+        let micro_s = timeline.device_end_s;
+        if window < micro_batches
+            && micro_s > schedule(&apart, micro_batches, micro_batches, overlap).device_end_s * (1.0 + 1e-12)
+        {
             bottleneck = Resource::Window;
         }
         let device_apply_s = if frozen_device { 0.0 } else { m.device.apply_call_s + apply };
@@ -255,6 +281,8 @@ impl CostModel {
             up_bytes,
             down_bytes,
             stages,
+            apart,
+            overlap,
             cycle_s,
             period_s,
             bottleneck,
@@ -265,29 +293,118 @@ impl CostModel {
     }
 }
 
-/// When the device is done with the last of `m` micro-batches, as `edgefreeze-device`'s
-/// pipeline runs them: the device runs a forward whenever fewer than `w` micro-batches
-/// are in flight, else it waits for the oldest one's reply and runs its backward; the
-/// uplink, the edge and the downlink each serve one micro-batch at a time, in order, and
-/// each crossing adds its latency. Replies come back in order, so a micro-batch's
-/// arrival is known once it is sent.
-fn schedule(st: &Stages, m: usize, w: usize) -> f64 {
+/// One step's compute, micro-batch by micro-batch, as [`schedule`] ran it.
+struct Timeline {
+    /// When the device is done with the last micro-batch.
+    device_end_s: f64,
+    /// Each micro-batch's device forward, edge step and device backward, in seconds,
+    /// stretched where the other side computed at the same time.
+    forward_s: Vec<f64>,
+    edge_s: Vec<f64>,
+    backward_s: Vec<f64>,
+}
+
+impl Timeline {
+    /// The mean stages of a micro-batch: `apart`'s links and latency, the compute as run.
+    fn mean_stages(&self, apart: &Stages) -> Stages {
+        let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        Stages {
+            device_forward_s: mean(&self.forward_s),
+            edge_s: mean(&self.edge_s),
+            device_backward_s: mean(&self.backward_s),
+            ..*apart
+        }
+    }
+}
+
+/// Fixed-point iterations of [`schedule`] at most; each halves the distance to the
+/// fixed point where the stretch is smooth, so 60 reach a float64's precision.
+const OVERLAP_ITERATIONS: usize = 60;
+
+/// How `edgefreeze-device`'s pipeline runs `m` micro-batches with at most `w` in flight,
+/// each side's compute stretched by the overlap model ([`crate::overlap`]): an operation
+/// is as long as `apart` says where the other side is idle and longer by the factor where
+/// it computes too. The share of each operation the other side overlaps depends on the
+/// stretched times, so the schedule is a fixed point: start from the apart times, run the
+/// schedule, stretch each operation by the share of it the other side's operations
+/// covered, and repeat (moving half-way each time: a full step can jump between two
+/// schedules) until nothing changes. With factors of 1, or one micro-batch in flight
+/// (the device waits for each reply, the edge for each activation), it is the apart
+/// schedule.
+fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Timeline {
+    let mut forward = vec![apart.device_forward_s; m];
+    let mut edge = vec![apart.edge_s; m];
+    let mut backward = vec![apart.device_backward_s; m];
+    for _ in 0..OVERLAP_ITERATIONS {
+        let run = run_schedule(apart, w, &forward, &edge, &backward);
+        if overlap.device <= 1.0 && overlap.edge <= 1.0 {
+            return Timeline { device_end_s: run.device_end_s, forward_s: forward, edge_s: edge, backward_s: backward };
+        }
+        let device_busy: Vec<(f64, f64)> = run.forward.iter().chain(&run.backward).copied().collect();
+        let mut change = 0.0f64;
+        let mut settle = |current: &mut [f64], alone: f64, spans: &[(f64, f64)], busy: &[(f64, f64)], k: f64| {
+            for (t, &(start, end)) in current.iter_mut().zip(spans) {
+                let target = stretched(alone, covered_fraction(start, end, busy), k);
+                let next = 0.5 * (*t + target);
+                change = change.max((next - *t).abs());
+                *t = next;
+            }
+        };
+        settle(&mut forward, apart.device_forward_s, &run.forward, &run.edge, overlap.device);
+        settle(&mut backward, apart.device_backward_s, &run.backward, &run.edge, overlap.device);
+        settle(&mut edge, apart.edge_s, &run.edge, &device_busy, overlap.edge);
+        if change <= 1e-15 * run.device_end_s.max(1e-9) {
+            break;
+        }
+    }
+    let device_end_s = run_schedule(apart, w, &forward, &edge, &backward).device_end_s;
+    Timeline { device_end_s, forward_s: forward, edge_s: edge, backward_s: backward }
+}
+
+/// When each operation of one run of the schedule ran.
+struct Run {
+    device_end_s: f64,
+    /// (start, end) of each micro-batch's forward, edge step and backward.
+    forward: Vec<(f64, f64)>,
+    edge: Vec<(f64, f64)>,
+    backward: Vec<(f64, f64)>,
+}
+
+/// The pipeline's schedule with these per-micro-batch compute times: the device runs a
+/// forward whenever fewer than `w` micro-batches are in flight, else it waits for the
+/// oldest one's reply and runs its backward; the uplink, the edge and the downlink each
+/// serve one micro-batch at a time, in order, and each crossing adds its latency. Replies
+/// come back in order, so a micro-batch's arrival is known once it is sent.
+fn run_schedule(st: &Stages, w: usize, forward_s: &[f64], edge_s: &[f64], backward_s: &[f64]) -> Run {
+    let m = forward_s.len();
     let w = w.max(1);
     let (mut device, mut up, mut edge, mut down) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     let mut replies = std::collections::VecDeque::with_capacity(w);
+    let mut run = Run {
+        device_end_s: 0.0,
+        forward: Vec::with_capacity(m),
+        edge: Vec::with_capacity(m),
+        backward: Vec::with_capacity(m),
+    };
     let (mut sent, mut done) = (0, 0);
     while done < m {
         if sent < m && replies.len() < w {
-            device += st.device_forward_s;
+            run.forward.push((device, device + forward_s[sent]));
+            device += forward_s[sent];
             up = up.max(device) + st.up_s;
-            edge = edge.max(up + st.latency_s) + st.edge_s;
+            let start = edge.max(up + st.latency_s);
+            edge = start + edge_s[sent];
+            run.edge.push((start, edge));
             down = down.max(edge) + st.down_s;
             replies.push_back(down + st.latency_s);
             sent += 1;
         } else if let Some(reply) = replies.pop_front() {
-            device = device.max(reply) + st.device_backward_s;
+            let start = device.max(reply);
+            device = start + backward_s[done];
+            run.backward.push((start, device));
             done += 1;
         }
     }
-    device
+    run.device_end_s = device;
+    run
 }

@@ -45,3 +45,13 @@ pub(crate) fn positive(field: impl FnOnce() -> String, value: f64) -> Result<f64
         Err(PlanError::Value { field: field(), value, requirement: "it must be a finite number above 0" })
     }
 }
+
+/// `value` as a checked overlap factor: finite and at least 1 (a side does not compute
+/// faster because the other computes too).
+pub(crate) fn at_least_one(field: impl FnOnce() -> String, value: f64) -> Result<f64> {
+    if value.is_finite() && value >= 1.0 {
+        Ok(value)
+    } else {
+        Err(PlanError::Value { field: field(), value, requirement: "it must be a finite factor of at least 1" })
+    }
+}

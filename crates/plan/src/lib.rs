@@ -7,6 +7,8 @@
 //!   pipelined (or sequential) training step of a (server, cut, micro-batch count)
 //!   candidate, with a frozen device prefix or without, stage by stage; every constant
 //!   is a field of [`CostModel`] with a default.
+//! - [`overlap`]: how much slower each side computes while the other computes too (the
+//!   factor the concurrent probe measures and the cost model's schedule applies).
 //! - [`planner`]: [`plan`] predicts every candidate and chooses the shortest step.
 //! - [`replan`]: [`decide`], the re-planning rule (a move that pays for itself, or a
 //!   re-probe when the measured step drifts from the prediction), and the costs of
@@ -18,12 +20,16 @@ pub mod calibrate;
 pub mod cost;
 mod error;
 pub mod measure;
+pub mod overlap;
 pub mod planner;
 pub mod replan;
 
 pub use calibrate::Calibration;
 pub use cost::{Candidate, CostModel, Mode, Prediction, Resource, Stages, Workload};
 pub use error::{PlanError, Result};
-pub use measure::{Affine, CutBytes, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes, Measurements, ServerTimes};
+pub use measure::{
+    Affine, CutBytes, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes, Measurements, Overlap, ServerTimes,
+};
+pub use overlap::{OverlapFactors, OverlapFit, TimedOp, fit_factor};
 pub use planner::{Plan, Space, plan};
 pub use replan::{Current, Decision, ReplanPolicy, decide, migration_s, recut_s};

@@ -2,7 +2,7 @@
 //! server's link and its step time at each cut, and the bytes each cut sends. All times
 //! are seconds, all rates bytes per second, all sizes bytes.
 
-use crate::error::{PlanError, Result, non_negative, positive};
+use crate::error::{PlanError, Result, at_least_one, non_negative, positive};
 use serde::{Deserialize, Serialize};
 
 /// The time of one call over `n` samples: a fixed cost per call (launching a graph,
@@ -122,6 +122,21 @@ pub struct EdgeCutTimes {
     pub step: Affine,
     /// The edge's optimizer update, once per step.
     pub apply_s: f64,
+    /// How much slower each side computed at this cut while the other computed too
+    /// (the concurrent probe); a side not measured takes the cost model's default.
+    #[serde(default)]
+    pub overlap: Overlap,
+}
+
+/// Overlap factors as measured: a side's compute time while the other side computes
+/// too, over its time alone (1: separate hardware; about 2: one shared core). `None`: not
+/// measured.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Overlap {
+    /// The device's forward and backward while the edge steps.
+    pub device: Option<f64>,
+    /// The edge's step while the device computes.
+    pub edge: Option<f64>,
 }
 
 /// One edge server.
@@ -194,6 +209,11 @@ impl Measurements {
                 }
                 c.step.check(&|| field(&format!("edge step at cut {}", c.cut)))?;
                 non_negative(|| field(&format!("edge apply seconds at cut {}", c.cut)), c.apply_s)?;
+                for (side, factor) in [("device", c.overlap.device), ("edge", c.overlap.edge)] {
+                    if let Some(k) = factor {
+                        at_least_one(|| field(&format!("{side} overlap factor at cut {}", c.cut)), k)?;
+                    }
+                }
             }
         }
         Ok(())

@@ -4,7 +4,7 @@
 
 use edgefreeze_plan::{
     Affine, Calibration, Candidate, CostModel, CutBytes, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes,
-    Measurements, Mode, PlanError, ServerTimes, Stages, Workload,
+    Measurements, Mode, Overlap, PlanError, ServerTimes, Stages, Workload,
 };
 
 const MS: f64 = 1e-3;
@@ -29,6 +29,7 @@ fn probed() -> Measurements {
                     cut: k,
                     step: Affine { fixed_s: 3.0 * MS, per_sample_s: (2 - k) as f64 * 0.4 * MS },
                     apply_s: 1.0 * MS,
+                    overlap: Overlap::default(),
                 })
                 .collect(),
         }],

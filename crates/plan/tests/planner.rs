@@ -3,7 +3,8 @@
 
 use edgefreeze_plan::{
     Affine, Candidate, CostModel, Current, CutBytes, Decision, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes,
-    Measurements, Mode, PlanError, ReplanPolicy, Resource, ServerTimes, Space, Workload, decide, migration_s, plan,
+    Measurements, Mode, Overlap, PlanError, ReplanPolicy, Resource, ServerTimes, Space, Workload, decide, migration_s,
+    plan,
 };
 
 const MS: f64 = 1e-3;
@@ -42,6 +43,7 @@ fn four_layers(forward_ms: f64, backward_ms: f64, edge_ms: f64, activation: [u64
                     cut: k,
                     step: Affine { fixed_s: 0.0, per_sample_s: (layers - 1 - k) as f64 * edge_ms * MS },
                     apply_s: 0.0,
+                    overlap: Overlap::default(),
                 })
                 .collect(),
         }],
@@ -142,6 +144,7 @@ fn overheads() -> (CostModel, Measurements) {
                 cut: 1,
                 step: Affine { fixed_s: 2.0 * MS, per_sample_s: 1.0 * MS },
                 apply_s: 0.0,
+                overlap: Overlap::default(),
             }],
         }],
     };
@@ -214,7 +217,12 @@ fn a_busy_device_runs_its_forwards_first_and_hides_the_round_trips() {
         servers: vec![ServerTimes {
             name: "far".into(),
             link: link(100.0, 1e6, 1e6),
-            cuts: vec![EdgeCutTimes { cut: 0, step: Affine { fixed_s: 0.0, per_sample_s: 1.0 * MS }, apply_s: 0.0 }],
+            cuts: vec![EdgeCutTimes {
+                cut: 0,
+                step: Affine { fixed_s: 0.0, per_sample_s: 1.0 * MS },
+                apply_s: 0.0,
+                overlap: Overlap::default(),
+            }],
         }],
     };
     let workload = Workload { batch: 4, frozen_layers: 0 };

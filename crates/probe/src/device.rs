@@ -33,6 +33,23 @@ pub struct DeviceCut {
     pub labels: Vec<(usize, Value)>,
 }
 
+/// The device's graphs at one cut and a micro-batch for them, kept from timing the cut
+/// so that the concurrent probe can run the device's compute beside the edge's.
+pub struct DeviceLoad {
+    /// The graphs (a copy of the weights of the probe's own: nothing is applied).
+    pub device: GraphDevice,
+    /// A synthetic micro-batch of the smallest size timed.
+    pub batch: MicroBatch,
+    /// Its samples.
+    pub samples: usize,
+    /// Whether the device side is frozen (a forward only).
+    pub frozen: bool,
+    /// Its forward's seconds alone (the fitted time at that size).
+    pub forward_s: f64,
+    /// Its backward's seconds alone (0 when frozen).
+    pub backward_s: f64,
+}
+
 /// What timing the device needs.
 pub struct DeviceSetup<'a> {
     /// The inference model file.
@@ -56,8 +73,15 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times the device side of the split at `cut` on micro-batches of each of `sizes`,
-/// `reps` times each after one untimed round (median of the repetitions).
-pub fn time_cut(setup: &DeviceSetup, cut: usize, frozen: bool, sizes: &[usize], reps: usize) -> Result<DeviceCut> {
+/// `reps` times each after one untimed round (median of the repetitions); with the
+/// graphs kept for the concurrent probe.
+pub fn time_cut(
+    setup: &DeviceSetup,
+    cut: usize,
+    frozen: bool,
+    sizes: &[usize],
+    reps: usize,
+) -> Result<(DeviceCut, DeviceLoad)> {
     let device_error = |source| ProbeError::Device { cut, source };
     let split = SplitSettings { cut, micro_batches: 1, sequential: false, recompute: false, freeze_device: frozen };
     let graphs = device_graphs(setup.model_path, &split, setup.loss, setup.optimizer).map_err(device_error)?;
@@ -108,17 +132,31 @@ pub fn time_cut(setup: &DeviceSetup, cut: usize, frozen: bool, sizes: &[usize], 
         let points: Vec<(f64, f64)> = sizes.iter().zip(times).map(|(&n, t)| (n as f64, median(t))).collect();
         Affine::fit(&points).ok_or_else(|| ProbeError::Config(format!("cut {cut}: no usable device times")))
     };
-    let labels = sizes.iter().zip(batches).map(|(&n, mb)| (n, mb.labels)).collect();
-    Ok(DeviceCut {
+    let labels = sizes.iter().zip(&batches).map(|(&n, mb)| (n, mb.labels.clone())).collect();
+    let forward = fit(forward)?;
+    let backward = if frozen { None } else { Some(fit(backward)?) };
+    let smallest =
+        (0..sizes.len()).min_by_key(|&i| sizes[i]).ok_or_else(|| ProbeError::Config("no size to time".into()))?;
+    let samples = sizes[smallest];
+    let load = DeviceLoad {
+        device,
+        batch: batches.swap_remove(smallest),
+        samples,
+        frozen,
+        forward_s: forward.at(samples as f64),
+        backward_s: backward.map_or(0.0, |b| b.at(samples as f64)),
+    };
+    let cut_times = DeviceCut {
         cut,
         frozen,
-        forward: fit(forward)?,
-        backward: if frozen { None } else { Some(fit(backward)?) },
+        forward,
+        backward,
         apply_s: (!frozen).then(|| median(apply)),
         state_bytes,
         activations,
         labels,
-    })
+    };
+    Ok((cut_times, load))
 }
 
 /// Bytes of a value's elements.
@@ -133,7 +171,7 @@ pub fn value_bytes(v: &Value) -> u64 {
 
 /// A gradient for the backward: the activation's shape, every element 1e-3 (the time
 /// does not depend on the values; small ones keep every number finite).
-fn small_like(v: &Value) -> Value {
+pub(crate) fn small_like(v: &Value) -> Value {
     match v {
         Value::F64(a) => Value::F64(a.mapv(|_| 1e-3)),
         other => Value::F32(ndarray::ArrayD::from_elem(other.shape(), 1e-3)),

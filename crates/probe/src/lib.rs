@@ -10,7 +10,9 @@
 //!   round-trip time and the bandwidth each way.
 //! - **Each edge server at each cut** ([`edge`]): a session of the split, a few real
 //!   micro-batches (the device forward's activations) one at a time, the edge's own
-//!   timestamps from each reply, then the session is closed without an update.
+//!   timestamps from each reply; then the concurrent probe (the device computing on its
+//!   own thread while the edge steps, each side's time under overlap measured: the cost
+//!   model's overlap factors); then the session is closed without an update.
 //!
 //! The probe is bounded: past its budget it measures nothing new and says what it
 //! skipped (a cut not measured on the device is no candidate; a server not measured at a
@@ -75,6 +77,9 @@ pub struct ProbeSettings {
     /// (measured at the deepest trained cut), or [`DEFAULT_APPLY_BYTES_PER_S`] when the
     /// device trains at no cut.
     pub apply_bytes_per_s: Option<f64>,
+    /// Whether to run the concurrent probe at each (server, cut) (without it, the cost
+    /// model's default overlap factors apply).
+    pub concurrent: bool,
 }
 
 /// The edge update speed assumed when nothing measured it: 1 GB/s.
@@ -100,6 +105,7 @@ impl ProbeSettings {
             max_payload_bytes: 16 << 20,
             timeout: Duration::from_secs(30),
             apply_bytes_per_s: None,
+            concurrent: true,
         }
     }
 
@@ -143,6 +149,19 @@ pub struct ProbeReport {
     pub skipped: Vec<String>,
     /// Every link call's time, by server.
     pub link_samples: Vec<(String, Vec<link::LinkSample>)>,
+    /// The concurrent probe at each (server, cut) it ran at.
+    pub concurrent: Vec<ConcurrentAt>,
+}
+
+/// The concurrent probe at one (server, cut).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConcurrentAt {
+    /// The server.
+    pub server: String,
+    /// The cut.
+    pub cut: usize,
+    /// What it found.
+    pub found: edge::Concurrent,
 }
 
 /// Probes the device, and each target's link and edge at each candidate cut, for
@@ -186,12 +205,15 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
         engine_options: &settings.engine_options,
     };
     let mut device_cuts = Vec::new();
+    let mut loads = Vec::new();
     for &cut in &cuts {
         if Instant::now() >= deadline {
             skipped.push(format!("cut {cut}: the probe's budget was spent before the device was timed there"));
             continue;
         }
-        device_cuts.push(device::time_cut(&setup, cut, cut < settings.frozen_layers, &sizes, settings.reps)?);
+        let (times, load) = device::time_cut(&setup, cut, cut < settings.frozen_layers, &sizes, settings.reps)?;
+        device_cuts.push(times);
+        loads.push(load);
     }
     if device_cuts.is_empty() {
         return Err(ProbeError::Config(format!(
@@ -259,11 +281,12 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
     // Each edge at each cut.
     let edges_started = Instant::now();
     let mut servers = Vec::new();
+    let mut concurrent = Vec::new();
     let stamp = edgefreeze_wire::unix_nanos_now();
     for (t, link) in targets.iter().zip(links) {
         let Some(link) = link else { continue };
         let mut server = ServerTimes { name: t.address.clone(), link, cuts: Vec::new() };
-        for c in &device_cuts {
+        for (c, load) in device_cuts.iter().zip(&mut loads) {
             if Instant::now() >= deadline {
                 skipped.push(format!("{} at cut {}: the probe's budget was spent", t.address, c.cut));
                 continue;
@@ -284,8 +307,14 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
                 .zip(&c.labels)
                 .map(|((n, activation), (_, labels))| (*n, activation.clone(), labels.clone()))
                 .collect();
-            match edge::time_cut(&probe, c.cut, c.frozen, &batches, settings.reps) {
-                Ok(e) => server.cuts.push(e.times),
+            let load = settings.concurrent.then_some(load);
+            match edge::time_cut(&probe, c.cut, c.frozen, &batches, settings.reps, load) {
+                Ok(e) => {
+                    server.cuts.push(e.times);
+                    if let Some(found) = e.concurrent {
+                        concurrent.push(ConcurrentAt { server: t.address.clone(), cut: c.cut, found });
+                    }
+                }
                 Err(e) => skipped.push(e.to_string()),
             }
         }
@@ -310,6 +339,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
         edges_s,
         skipped,
         link_samples,
+        concurrent,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use edgefreeze_edge::{EdgeConfig, EdgeServer};
 use edgefreeze_engine::EngineOptions;
-use edgefreeze_plan::{CostModel, Space, Workload, plan};
+use edgefreeze_plan::{CostModel, Overlap, OverlapFactors, Space, Workload, plan};
 use edgefreeze_probe::{ProbeError, ProbeSettings, Target, probe};
 use edgefreeze_shaper::{Shape, Shaper};
 use edgefreeze_wire::auth::{Credentials, TokenTable};
@@ -90,6 +90,41 @@ fn a_shaped_link_and_the_edge_at_every_cut_are_measured() {
     .unwrap();
     assert_eq!(p.candidates.len(), 4);
     drop(shaper);
+    runtime.block_on(server.shutdown()).unwrap();
+}
+
+#[test]
+fn the_concurrent_probe_runs_the_device_beside_the_edge_at_every_cut() {
+    let (address, runtime, server) = edge_server();
+    let report = probe(&model(), &[target(address.clone())], &settings()).unwrap();
+    let m = &report.measurements;
+    assert_eq!(report.concurrent.iter().map(|c| c.cut).collect::<Vec<_>>(), vec![0, 1]);
+    for c in &report.concurrent {
+        let f = &c.found;
+        assert_eq!((c.server.as_str(), f.samples), (address.as_str(), 16), "the micro-batch of M = 4");
+        // Six micro-batches (two per repetition) went to the edge, and the device computed
+        // from before the first was sent until the last reply was in: the edge's steps ran
+        // beside the device's compute for most of their time (the rest is the device
+        // thread between two operations, or not yet started).
+        assert_eq!(f.edge.ops, 6, "{f:?}");
+        assert!(f.edge.mean_fraction > 0.5, "{f:?}");
+        assert!(f.device.ops >= 2 && f.device.mean_fraction > 0.0, "{f:?}");
+        for k in [f.device.factor, f.edge.factor].into_iter().flatten() {
+            assert!((1.0..=edgefreeze_plan::overlap::MAX_FACTOR).contains(&k), "{f:?}");
+        }
+        // What the planner reads is what the probe found.
+        let times = m.servers[0].at(c.cut).unwrap();
+        assert_eq!((times.overlap.device, times.overlap.edge), (f.device.factor, f.edge.factor));
+    }
+    // The probe sessions are gone.
+    assert!(server.sessions().is_empty(), "{:?}", server.sessions().len());
+    // Without it nothing is measured, and the cost model's defaults apply.
+    let apart = probe(&model(), &[target(address)], &ProbeSettings { concurrent: false, ..settings() }).unwrap();
+    assert!(apart.concurrent.is_empty());
+    assert!(apart.measurements.servers[0].cuts.iter().all(|c| c.overlap == Overlap::default()));
+    let model = CostModel { overlap: OverlapFactors { device: 1.5, edge: 2.0 }, ..CostModel::default() };
+    let p = plan(&model, &apart.measurements, &Workload { batch: 64, frozen_layers: 0 }, &Space::default()).unwrap();
+    assert!(p.candidates.iter().all(|c| c.overlap == model.overlap));
     runtime.block_on(server.shutdown()).unwrap();
 }
 
