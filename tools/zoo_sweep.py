@@ -313,29 +313,61 @@ def onnx_param_names(model_path: str, torch_names):
     return out
 
 
+def grad_feeds(input_names, model_path: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """Feeds of grad.onnx's inputs (the model's parameters, its other initializers, the batch
+    and labels), and the ONNX name of each PyTorch parameter."""
+    params = dict(model.named_parameters())
+    mapping = onnx_param_names(model_path, params)
+    by_onnx = {v: k for k, v in mapping.items()}
+    inits = {t.name: t for t in onnx.load(model_path).graph.initializer}
+    feeds = {}
+    for name in input_names:
+        if name == "labels":
+            feeds[name] = y.numpy()
+        elif name == "dropout_seed":
+            feeds[name] = np.array(7, dtype=np.int64)
+        elif name in by_onnx:
+            feeds[name] = params[by_onnx[name]].detach().numpy().astype(np.float32)
+        elif name in inits:
+            feeds[name] = onnx.numpy_helper.to_array(inits[name])
+        else:
+            feeds[name] = x.numpy()
+    return feeds, mapping
+
+
+def grads_by_torch_name(got: dict, mapping):
+    by_onnx = {v: k for k, v in mapping.items()}
+    return {by_onnx[k[5:]]: v for k, v in got.items() if k.startswith("grad.") and k[5:] in by_onnx}
+
+
 def run_grad(conv_dir: str, model_path: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     """Loss and gradients of grad.onnx on ONNX Runtime, keyed by PyTorch parameter name."""
     sess = ort.InferenceSession(os.path.join(conv_dir, "grad.onnx"), providers=["CPUExecutionProvider"])
-    params = dict(model.named_parameters())
-    mapping = onnx_param_names(model_path, params)
-    feeds = {}
-    by_onnx = {v: k for k, v in mapping.items()}
-    inits = {t.name: t for t in onnx.load(model_path).graph.initializer}
-    for i in sess.get_inputs():
-        if i.name == "labels":
-            feeds[i.name] = y.numpy()
-        elif i.name == "dropout_seed":
-            feeds[i.name] = np.array(7, dtype=np.int64)
-        elif i.name in by_onnx:
-            feeds[i.name] = params[by_onnx[i.name]].detach().numpy().astype(np.float32)
-        elif i.name in inits:
-            feeds[i.name] = onnx.numpy_helper.to_array(inits[i.name])
-        else:
-            feeds[i.name] = x.numpy()
+    feeds, mapping = grad_feeds([i.name for i in sess.get_inputs()], model_path, model, x, y)
     outs = sess.run(None, feeds)
     got = dict(zip([o.name for o in sess.get_outputs()], outs))
-    grads = {by_onnx[k[5:]]: v for k, v in got.items() if k.startswith("grad.") and k[5:] in by_onnx}
-    return float(got["loss"]), grads, mapping
+    return float(got["loss"]), grads_by_torch_name(got, mapping), mapping
+
+
+def f64_check(conv_dir: str, model_path: str, model: nn.Module, x, y, loss64, g64):
+    """Our gradient graph evaluated in float64 (tools/f64_check.py) against PyTorch's float64
+    gradients: (worst relative L2 error, its tensor, seconds). Right rules give float64
+    rounding, about 1e-10 or below, smooth model or not."""
+    import f64_check as f64
+
+    start = time.time()
+    grad = onnx.load(os.path.join(conv_dir, "grad.onnx"))
+    feeds, mapping = grad_feeds([i.name for i in grad.graph.input], model_path, model, x, y)
+    got = f64.run_double(grad, feeds)
+    grads = grads_by_torch_name(got, mapping)
+    errors = [("loss", abs(float(got["loss"]) - loss64) / abs(loss64))]
+    for n, ref in g64.items():
+        if n not in grads:
+            errors.append((n, float("inf")))
+        elif np.linalg.norm(ref.ravel()) > 0:
+            errors.append((n, rel_l2(grads[n], ref)[0]))
+    worst = max(errors, key=lambda e: e[1])
+    return worst[1], worst[0], time.time() - start
 
 
 def compare(loss, grads, loss64, g64, loss32, g32):
@@ -386,7 +418,7 @@ def first_line(text: str) -> str:
     return msg.replace("|", "\\|")[:300]
 
 
-def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False):
+def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, check_f64=False):
     row = {"model": name, "exporter": exporter}
     work = os.path.join(out_dir, f"{name}.{exporter}")
     os.makedirs(work, exist_ok=True)
@@ -443,6 +475,10 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False):
     row["worst"] = {"tensor": worst[0], "error": worst[1], "tolerance": worst[2]}
     row["gradient"] = "match" if not failing else f"{len(failing)} of {len(rows)} off"
     row["failing_tensors"] = [r[0] for r in failing][:12]
+    if check_f64:
+        err, tensor, seconds = f64_check(conv, model_path, model, x, y, loss64, g64)
+        row["f64"] = {"error": err, "tensor": tensor, "seconds": seconds}
+        row["sensitivity"] = kink_sensitivity(model, x, y, g64)
     return row
 
 
@@ -629,6 +665,9 @@ def main():
     ap.add_argument("--batch", type=int, default=BATCH, help="samples per batch (export and gradient check)")
     ap.add_argument("--convert-only", action="store_true",
                     help="time convert only (no gradient check), reusing this folder's exports")
+    ap.add_argument("--f64-check", action="store_true",
+                    help="also evaluate grad.onnx in float64 (tools/f64_check.py) against PyTorch's float64 "
+                    "gradients, and measure the float64 gradient's sensitivity to a 1e-6 input perturbation")
     ap.add_argument("--times-from", default=None,
                     help="comma-separated results.jsonl files of --convert-only runs: write the convert-time "
                     "section of --table")
@@ -664,7 +703,7 @@ def main():
         for exporter in args.exporters.split(","):
             t0 = time.time()
             try:
-                row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only)
+                row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only, args.f64_check)
             except Exception as exc:
                 # Where it failed is not known: claim no step passed.
                 row = {"model": name, "exporter": exporter,
