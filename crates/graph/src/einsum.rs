@@ -4,7 +4,7 @@
 //! equation through [`Equation`], so the subscript grammar lives in one place.
 
 use crate::error::GraphError;
-use crate::infer::broadcast_shapes;
+use crate::infer::{broadcast_shapes, merge_dims};
 use crate::ir::{Dim, Node, Shape, format_shape};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -205,17 +205,13 @@ fn parse_term(text: &str) -> Result<Vec<Label>, String> {
     Ok(labels)
 }
 
-/// The size of one subscript seen twice: known sizes must agree; a known size beats a
-/// symbolic or unknown one.
+/// The size of one subscript seen twice: known sizes must agree (a subscript does not
+/// broadcast); otherwise the better known of the two, as broadcasting merges them.
 fn same_size(a: &Dim, b: &Dim) -> Option<Dim> {
-    Some(match (a, b) {
-        (Dim::Fixed(x), Dim::Fixed(y)) if x == y => Dim::Fixed(*x),
-        (Dim::Fixed(_), Dim::Fixed(_)) => return None,
-        (Dim::Fixed(n), _) | (_, Dim::Fixed(n)) => Dim::Fixed(*n),
-        (Dim::Symbol(x), Dim::Symbol(y)) if x == y => Dim::Symbol(x.clone()),
-        (Dim::Symbol(x), Dim::Unknown) | (Dim::Unknown, Dim::Symbol(x)) => Dim::Symbol(x.clone()),
-        _ => Dim::Unknown,
-    })
+    match (a, b) {
+        (Dim::Fixed(x), Dim::Fixed(y)) if x != y => None,
+        _ => merge_dims(a, b),
+    }
 }
 
 #[cfg(test)]
