@@ -653,6 +653,52 @@ def write_times(paths, table, command):
     open(table, "w").write(text)
 
 
+F64_BEGIN = "<!-- float64 check: begin -->"
+F64_END = "<!-- float64 check: end -->"
+
+
+def replace_section(table, begin, end, lines):
+    """Writes `lines` between the markers `begin` and `end` of `table` (appended if absent)."""
+    text = open(table).read() if os.path.exists(table) else ""
+    section = "\n".join([begin] + lines + [end])
+    if begin in text:
+        before, rest = text.split(begin, 1)
+        after = rest.split(end, 1)[1] if end in rest else ""
+        text = before + section + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    open(table, "w").write(text)
+
+
+def write_f64(paths, table, command):
+    """Writes the section of `table` with the float64 evaluation of our gradient graphs
+    (rows of `--f64-check` runs)."""
+    rows = []
+    for path in paths:
+        rows += [json.loads(line) for line in open(path) if "f64" in json.loads(line)]
+    out = ["## Our gradient graphs in float64", "",
+           "`--f64-check` rewrites each `grad.onnx` to float64 (tools/f64_check.py: initializers,",
+           "constants, `Cast` targets, value types) and runs it on the ONNX reference evaluator (ONNX",
+           "Runtime's CPU kernels have no float64 `Conv`; the evaluator's `Conv` and `ConvTranspose`",
+           "are PyTorch's float64 kernels), against PyTorch's float64 gradients of the model as",
+           "exported (normalisation epsilons rounded to float32, as the file stores them). *float64",
+           "error*: the worst tensor's relative L2 error (for a tensor that is zero within rounding,",
+           f"below {F64_ZERO:g} of the largest gradient norm, its error over the largest norm). Right",
+           "rules give float64 rounding whatever the model's smoothness. *sensitivity*: the largest",
+           f"relative change of the float64 gradient when the input is scaled by 1 + {PERTURBATION:g}·N(0, 1)",
+           "(about 1e-6 for a smooth loss): how far apart two float32 evaluations may land.",
+           "", "Made by:", "", "```", command, "```", "",
+           "| model | exporter | input | batch | float32 gradient | float64 error (tensor) | sensitivity | float64 s |",
+           "|---|---|---|---:|---|---|---:|---:|"]
+    for r in rows:
+        f = r["f64"]
+        out.append("| " + " | ".join([
+            r["model"], r["exporter"], str(r.get("input", "")), str(r.get("batch", "")), r.get("gradient", ""),
+            f"{f['error']:.1e} ({f['tensor']})", f"{r['sensitivity']:.1e}", f"{f['seconds']:.0f}",
+        ]) + " |")
+    replace_section(table, F64_BEGIN, F64_END, out)
+
+
 def merge_tables(paths, table):
     """One table from the results of several runs, in the sweep's order, with a row for
     every (model, exporter) that no run reached."""
@@ -696,6 +742,9 @@ def main():
     ap.add_argument("--f64-check", action="store_true",
                     help="also evaluate grad.onnx in float64 (tools/f64_check.py) against PyTorch's float64 "
                     "gradients, and measure the float64 gradient's sensitivity to a 1e-6 input perturbation")
+    ap.add_argument("--f64-from", default=None,
+                    help="comma-separated results.jsonl files of --f64-check runs: write the float64 section of "
+                    "--table")
     ap.add_argument("--times-from", default=None,
                     help="comma-separated results.jsonl files of --convert-only runs: write the convert-time "
                     "section of --table")
@@ -708,6 +757,12 @@ def main():
         write_times(args.times_from.split(","), args.table,
                     f"python3 tools/zoo_sweep.py --bin target/release/edgefreeze --convert-only --out <dir>; "
                     f"then --times-from {args.times_from} --table {args.table}")
+        return
+    if args.f64_from:
+        write_f64(args.f64_from.split(","), args.table,
+                  "python3 tools/zoo_sweep.py --f64-check --out runs/f64 --models mobilenet_v2,mnasnet0_5; "
+                  "... --models resnet18,squeezenet1_1 --exporters ts; "
+                  f"then --f64-from {args.f64_from} --table {args.table}")
         return
     if args.table_from:
         merge_tables(args.table_from.split(","), args.table)
