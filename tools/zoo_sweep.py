@@ -513,18 +513,47 @@ def fmt(v, spec):
 
 FINDINGS = """## Findings behind the failing rows
 
-- **MNASNet, MobileNetV2 (both exporters): the batch, not a rule.** The float64 gradient of
-  these random-weight models is not smooth at the sweep's batch: scaling the input by
-  1 + 1e-6·N(0, 1) moves it by 1.8e-2 (MobileNetV2) and 0.2% median, 5% worst (MNASNet 0.5),
-  where a smooth model (MobileNetV3) moves by 8e-6. ReLU (ReLU6) inputs lie within float32
-  rounding of a kink, so any float32 evaluation lands on either side. Bisecting MNASNet 0.5
-  per BatchNorm: our forward error is 1.2-1.3x PyTorch float32's at each of the 52 layers;
-  the first wrong gradient is one ReLU input, 1.3e-5 in float64 (tensor max 4.8), which
-  ours rounds to -7.9e-6 and PyTorch's float32 to +5.8e-6. No MNASNet 0.1 batch of ten data
-  seeds was smooth (2.4e-4 to 8.9e-2), so MNASNet has no CI fixture.
+- **MNASNet 0.5, MobileNetV2 (both exporters): the rules match in float64; float32 is off by
+  the model's non-smoothness.** Our gradient graph evaluated in float64 (`--f64-check`, the
+  section "Our gradient graphs in float64") matches PyTorch's float64 gradients to 2.0e-13
+  (MobileNetV2) and 2.3e-13 (MNASNet 0.5) relative, as the smooth controls do (SqueezeNet 1.1
+  1.9e-15, ResNet-18 4.4e-12): no rule is wrong. Their float32 rows are off because the
+  float64 gradient of these random-weight models is not smooth at the sweep's batch: scaling
+  the input by 1 + 1e-6·N(0, 1) moves it by 1.8e-2 (MobileNetV2) and 4.3e-3 (MNASNet 0.5),
+  where a smooth model (SqueezeNet 1.1) moves by 1.1e-6. ReLU (ReLU6) inputs lie within
+  float32 rounding of a kink, so any float32 evaluation lands on either side. Bisecting
+  MNASNet 0.5 per BatchNorm: our forward error is 1.2-1.3x PyTorch float32's at each of the
+  52 layers; the first wrong gradient is one ReLU input, 1.3e-5 in float64 (tensor max 4.8),
+  which ours rounds to -7.9e-6 and PyTorch's float32 to +5.8e-6. No MNASNet 0.1 batch of ten
+  data seeds was smooth (2.4e-4 to 8.9e-2), so MNASNet has no CI fixture.
+- **A measured noise floor as a tolerance: not adopted.** The sensitivity is one sample of
+  the gradient's response to a perturbation of the input alone (float32 rounds every
+  intermediate too), and it is not small where a model passes: ResNet-18 moves by 5.1e-3
+  and matches within 16x PyTorch's own float32 error, so a tolerance of that size would
+  hide rule errors up to 1e-3 there. It is reported as a column of the float64 section; the
+  float64 check is what separates a wrong rule from float32 noise.
 - **GoogLeNet** (fixed): the MaxPool gradient went to every tied maximum; 1x1 convolutions of
   pooled 2x2 maps make spatially constant maps, so all four positions tied.
 """
+
+
+# A float64 evaluation of our graph within this of PyTorch's float64 gradients is float64
+# rounding: the rules are right.
+F64_MATCH = 1e-10
+
+
+def gradient_verdict(r) -> str:
+    """The gradient column: the float32 verdict, and for a row that is off, what the float64
+    check found."""
+    verdict = r.get("gradient", "")
+    f = r.get("f64")
+    if f and r.get("failing"):
+        if f["error"] <= F64_MATCH:
+            verdict += (f"; rules match in float64 (err {f['error']:.1e}); float32 off by the model's "
+                        f"non-smoothness (sensitivity {r['sensitivity']:.1e})")
+        else:
+            verdict += f"; float64 error {f['error']:.1e} ({f['tensor']}): a rule is wrong"
+    return verdict
 
 
 def write_table(rows, path, command):
@@ -547,7 +576,7 @@ def write_table(rows, path, command):
         out.append("| " + " | ".join([
             r["model"], r["exporter"], str(r.get("input", "")),
             status or r.get("inspect", ""), r.get("convert", "") if r.get("inspect") == "ok" else "",
-            r.get("gradient", ""), worst, fmt(r.get("convert_s"), ".1f"), fmt(r.get("convert_mb"), ".0f"),
+            gradient_verdict(r), worst, fmt(r.get("convert_s"), ".1f"), fmt(r.get("convert_mb"), ".0f"),
             str(r.get("forward_nodes", "")), str(r.get("grad_nodes", "")), str(r.get("step_nodes", "")),
         ]) + " |")
     out += ["", FINDINGS]
