@@ -554,7 +554,7 @@ def gradient_verdict(r) -> str:
         elif f["error"] <= F64_MATCH:
             verdict += (f"; rules match in float64 (err {f['error']:.1e}) and the model is smooth "
                         f"(sensitivity {r['sensitivity']:.1e}): our float32 evaluation is less accurate "
-                        "than PyTorch's here (see the findings)")
+                        "than PyTorch's here (see \"The five large models\")")
         else:
             verdict += f"; float64 error {f['error']:.1e} ({f['tensor']}): a rule is wrong"
     return verdict
