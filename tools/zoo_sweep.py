@@ -794,7 +794,8 @@ def main():
     if args.f64_from:
         write_f64(args.f64_from.split(","), args.table,
                   "python3 tools/zoo_sweep.py --f64-check --out runs/f64 --models mobilenet_v2,mnasnet0_5; "
-                  "... --models resnet18,squeezenet1_1 --exporters ts; "
+                  "... --models resnet18,squeezenet1_1 --exporters ts; ... --f64-check --out runs/big224f --batch 2 "
+                  "--side 224 --models alexnet,vgg11_bn --exporters ts; "
                   f"then --f64-from {args.f64_from} --table {args.table}")
         return
     if args.table_from:
