@@ -126,6 +126,14 @@ impl Emitter {
         self.mul(a, &k)
     }
 
+    /// `a / c` for a float constant `c`. For a count (an integer) this is exact in float64
+    /// and correctly rounded in float32, where `a * (1 / c)` would round the reciprocal too:
+    /// the graph rewritten to float64 then computes float64 gradients, not float32 ones.
+    pub fn divide(&mut self, a: &str, c: f64) -> String {
+        let k = self.scalar(c);
+        self.div(a, &k)
+    }
+
     /// Sum over `axes` (which may be empty: then `x` itself).
     pub fn reduce_sum(&mut self, x: &str, axes: &[i64], keepdims: bool) -> String {
         if axes.is_empty() {

@@ -277,7 +277,7 @@ fn dropout(node: &Node, types: &Inference, e: &mut Emitter) -> Result<bool> {
     let dropped = e.op("Less", &[&u, &threshold], vec![]);
     let kept = e.op("Not", &[&dropped], vec![]);
     let mask = e.cast(&kept, float);
-    let scaled = e.scale(&mask, 1.0 / (1.0 - ratio));
+    let scaled = e.divide(&mask, 1.0 - ratio);
     e.op_into("Mul", &[&x, &scaled], &[&y], vec![]);
     if let Some(mask_out) = node.output(1) {
         e.op_into("Identity", &[&kept], &[mask_out], vec![]);

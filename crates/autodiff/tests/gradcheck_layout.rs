@@ -163,3 +163,68 @@ fn batch_and_layer_normalization_train_from_batch_statistics() {
         17,
     );
 }
+
+/// Concat where sizes along the axis are symbolic: ViT's class token `Expand`ed to the batch
+/// (through a shape the loader cannot follow: `Where(Equal(shape, -1), …)` as TorchScript
+/// exports `expand(n, -1, -1)`) beside the patch tokens; a concatenation along the batch axis
+/// itself; and a symbolic size between known ones. Checked on tract and ONNX Runtime with
+/// batch 3 against central differences (the loss is quadratic in every parameter, so a
+/// central difference is exact whatever the step).
+#[test]
+fn concat_with_symbolic_sizes_along_the_axis() {
+    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    let mut rng = Rng::new(18);
+    let f64s = |rng: &mut Rng, dims: &[usize]| {
+        let n = dims.iter().product();
+        Tensor::from_f64_as(DataType::Float64, dims.to_vec(), &rng.values(n, -1.0, 1.0)).unwrap()
+    };
+    let int_const = |name: &str, v: &[i64]| {
+        Node::new(name, "Constant", &[], &[name])
+            .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![v.len()], v).unwrap()))
+    };
+    let mut graph = Graph { name: "concat".into(), ..Default::default() };
+    let batch = Dim::Symbol("batch".into());
+    graph.inputs.push(ValueInfo::new("x", DataType::Float64, vec![batch, Dim::Fixed(2), Dim::Fixed(3)]));
+    for (name, dims) in [("w", &[3, 4][..]), ("cls", &[1, 1, 4]), ("q", &[2, 1, 4]), ("p", &[2, 3, 4])] {
+        graph.initializers.insert(name.into(), f64s(&mut rng, dims));
+    }
+    let r = f64s(&mut rng, &[4]);
+    graph.nodes = vec![
+        // Patch tokens: [batch, 2, 4].
+        Node::new("proj", "MatMul", &["x", "w"], &["h"]),
+        // The class token expanded to [batch, 1, 4] by a shape whose entries the loader does
+        // not know: [batch, -1, -1] with each -1 replaced by 1 at run time.
+        Node::new("shape", "Shape", &["h"], &["hs"]),
+        int_const("first", &[0]),
+        Node::new("n", "Gather", &["hs", "first"], &["n"]).with_attr("axis", Attribute::Int(0)),
+        int_const("minus", &[-1, -1]),
+        Node::new("want", "Concat", &["n", "minus"], &["want"]).with_attr("axis", Attribute::Int(0)),
+        int_const("neg", &[-1]),
+        Node::new("is_neg", "Equal", &["want", "neg"], &["is_neg"]),
+        int_const("one", &[1]),
+        Node::new("fixed", "Where", &["is_neg", "one", "want"], &["target"]),
+        Node::new("expand", "Expand", &["cls", "target"], &["tok"]),
+        // [batch, 3, 4]: the class token's size along axis 1 is not known to the loader.
+        Node::new("cat1", "Concat", &["tok", "h"], &["t"]).with_attr("axis", Attribute::Int(1)),
+        // Along the batch axis itself: [2·batch, 3, 4].
+        Node::new("cat0", "Concat", &["t", "t"], &["tt"]).with_attr("axis", Attribute::Int(0)),
+        // A symbolic size between known ones: h as [2, batch, 4] between q and p.
+        Node::new("swap", "Transpose", &["h"], &["ht"]).with_attr("perm", Attribute::Ints(vec![1, 0, 2])),
+        Node::new("cat2", "Concat", &["q", "ht", "p"], &["u"]).with_attr("axis", Attribute::Int(1)),
+        Node::new("r", "Constant", &[], &["r"]).with_attr("value", Attribute::Tensor(r)),
+        Node::new("sq0", "Mul", &["tt", "tt"], &["tt2"]),
+        Node::new("w0", "Mul", &["tt2", "r"], &["tt3"]),
+        Node::new("s0", "ReduceSum", &["tt3"], &["l0"]).with_attr("keepdims", Attribute::Int(0)),
+        Node::new("sq2", "Mul", &["u", "u"], &["u2"]),
+        Node::new("w2", "Mul", &["u2", "r"], &["u3"]),
+        Node::new("s2", "ReduceSum", &["u3"], &["l2"]).with_attr("keepdims", Attribute::Int(0)),
+        Node::new("total", "Add", &["l0", "l2"], &["objective"]),
+    ];
+    graph.outputs.push(ValueInfo { name: "objective".into(), dtype: None, shape: None, doc_string: String::new() });
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
+    let model = edgefreeze_graph::prepare(model).expect("the model is valid");
+    let tok = model.graph.value_type("tok").and_then(|v| v.shape).expect("a shape");
+    assert_eq!(tok[1], Dim::Unknown, "the class token's size along the axis must be unknown to the loader");
+    let x: Feed = ("x".into(), vec![3, 2, 3], rng.values(18, -1.0, 1.0));
+    check_on_engines("Concat", &model, &[x], Tolerance { h: 1e-2, abs: 1e-8, rel: 1e-7 });
+}

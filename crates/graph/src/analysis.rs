@@ -442,6 +442,21 @@ pub(crate) fn gemm_flops(node: &Node, inference: &Inference) -> u64 {
     2u64.saturating_mul(out).saturating_mul(k).saturating_add(bias_flops(node, out))
 }
 
+/// A multiply-add per point of the full index space (every subscript's size, the
+/// ellipsis's dimensions) per extra operand; one operand only sums (or moves) its elements.
+pub(crate) fn einsum_flops(node: &Node, inference: &Inference) -> u64 {
+    let Ok(equation) = crate::einsum::Equation::of_node(node) else { return 0 };
+    let shapes: Vec<Shape> = (0..node.inputs.len()).map(|i| input_shape(node, inference, i)).collect();
+    let refs: Vec<&[Dim]> = shapes.iter().map(Vec::as_slice).collect();
+    let Ok(bound) = equation.bind(&refs) else { return 0 };
+    let space = per_sample_elements(&bound.ellipsis)
+        .saturating_mul(per_sample_elements(&bound.letters.values().cloned().collect::<Vec<_>>()));
+    match node.inputs.len() {
+        0 | 1 => space,
+        n => space.saturating_mul(2 * (n as u64 - 1)),
+    }
+}
+
 pub(crate) fn matmul_flops(node: &Node, inference: &Inference) -> u64 {
     let out = elements(inference, node.output(0));
     let a = input_shape(node, inference, 0);

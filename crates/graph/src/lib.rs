@@ -10,6 +10,7 @@
 
 pub mod analysis;
 pub mod dtype;
+pub mod einsum;
 pub mod error;
 pub mod fold;
 pub mod infer;

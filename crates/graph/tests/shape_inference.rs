@@ -234,3 +234,35 @@ fn exporter_tied_initializers_are_untied_on_import() {
     let params = edgefreeze_graph::analysis::parameter_names(&m.graph);
     assert_eq!(params, ["bn.weight", "bn.bias"]);
 }
+
+#[test]
+fn einsum_shapes_flops_and_errors_naming_the_node() {
+    let attention = |eq: &str| Attribute::String(eq.as_bytes().to_vec());
+    let m = model(
+        17,
+        vec![input("q", "batch 4 2 3 8"), input("k", "batch 4 2 5 8")],
+        vec![
+            Node::new("scores", "Einsum", &["q", "k"], &["s"])
+                .with_attr("equation", attention("B G H I D, B G H J D -> B G H I J")),
+            Node::new("mix", "Einsum", &["s", "k"], &["o"]).with_attr("equation", attention("bghij,bghjd")),
+        ],
+        &["o"],
+    );
+    let m = prepare(m).unwrap();
+    assert_eq!(shape_of(&m, "s"), "batch×4×2×3×5");
+    // Implicit output: the letters used once, in alphabetical order (d, i): b, g, h and j
+    // appear twice, so they are summed.
+    assert_eq!(shape_of(&m, "o"), "8×3");
+    let inference = edgefreeze_graph::infer::infer(&m.graph, 17).unwrap();
+    // Per sample: a multiply-add at each point of the 4·2·3·5·8 index space.
+    let flops = edgefreeze_graph::analysis::node_flops(&m.graph.nodes[0], &inference).unwrap();
+    assert_eq!(flops, 2 * 4 * 2 * 3 * 5 * 8);
+    let bad = model(
+        17,
+        vec![input("q", "batch 4 2 3 8"), input("k", "batch 4 2 5 7")],
+        vec![Node::new("scores", "Einsum", &["q", "k"], &["s"]).with_attr("equation", attention("bghid,bghjd->bghij"))],
+        &["s"],
+    );
+    let err = prepare(bad).unwrap_err().to_string();
+    assert!(err.contains("\"scores\"") && err.contains("subscript d"), "{err}");
+}

@@ -31,6 +31,10 @@ pub(super) fn transpose(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
+/// dX_i is dY's slice of input i's span along the axis. Where every input's size along the
+/// axis is known the bounds are constants; where some size is symbolic (a class token
+/// `Expand`ed to the batch, a concatenation along the batch itself) the bounds are computed at
+/// run time from `Shape` of each input, the known sizes staying constants.
 pub(super) fn concat(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let x = cx.x(0).to_string();
     let mut g = cx.none();
@@ -38,19 +42,65 @@ pub(super) fn concat(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let rank = cx.shape(&x)?.len() as i64;
     let axis = cx.node.attr_int("axis", 0)?;
     let axis = if axis < 0 { axis + rank } else { axis };
-    let mut offset = 0i64;
-    for (i, grad) in g.iter_mut().enumerate() {
-        let size =
-            cx.shape(cx.x(i))?[axis as usize].fixed().ok_or_else(|| cx.err("concatenated sizes must be known"))? as i64;
-        if cx.need(i) {
-            let starts = cx.e.ints(&[offset]);
-            let ends = cx.e.ints(&[offset + size]);
-            let axes = cx.e.ints(&[axis]);
-            *grad = Some(cx.e.op("Slice", &[&dy, &starts, &ends, &axes], vec![]));
+    if !(0..rank).contains(&axis) {
+        return Err(cx.err(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    let mut sizes = Vec::with_capacity(g.len());
+    for i in 0..g.len() {
+        let shape = cx.shape(cx.x(i))?;
+        let dim = shape.get(axis as usize).ok_or_else(|| cx.err(format!("input {i} has rank {}", shape.len())))?;
+        sizes.push(dim.fixed().map(|n| n as i64));
+    }
+    // Inputs after the last one that needs a gradient do not move any bound.
+    let last = (0..g.len()).rposition(|i| cx.need(i)).map_or(0, |i| i + 1);
+    let axes = cx.e.ints(&[axis]);
+    if sizes[..last].iter().all(Option::is_some) {
+        let mut offset = 0i64;
+        for (i, size) in sizes[..last].iter().enumerate() {
+            let size = size.expect("checked: every size is known");
+            if cx.need(i) {
+                let starts = cx.e.ints(&[offset]);
+                let ends = cx.e.ints(&[offset + size]);
+                g[i] = Some(cx.e.op("Slice", &[&dy, &starts, &ends, &axes], vec![]));
+            }
+            offset += size;
         }
-        offset += size;
+        return Ok(g);
+    }
+    // The offset as a known part plus a run-time part (the sum of the symbolic sizes so far).
+    let (mut known, mut symbolic): (i64, Option<String>) = (0, None);
+    for (i, size) in sizes[..last].iter().enumerate() {
+        let start = bound(cx, known, symbolic.as_deref());
+        match size {
+            Some(n) => known += n,
+            None => {
+                let xi = cx.x(i).to_string();
+                let full = cx.e.shape_of(&xi);
+                let n = cx.e.op("Gather", &[&full, &axes], vec![("axis", Attribute::Int(0))]);
+                symbolic = Some(match symbolic {
+                    Some(s) => cx.e.add(&s, &n),
+                    None => n,
+                });
+            }
+        }
+        if cx.need(i) {
+            let end = bound(cx, known, symbolic.as_deref());
+            g[i] = Some(cx.e.op("Slice", &[&dy, &start, &end, &axes], vec![]));
+        }
     }
     Ok(g)
+}
+
+/// A one-element i64 bound `known + symbolic` (`symbolic` a one-element run-time value).
+fn bound(cx: &mut RuleCx<'_>, known: i64, symbolic: Option<&str>) -> String {
+    match symbolic {
+        None => cx.e.ints(&[known]),
+        Some(s) if known == 0 => s.to_string(),
+        Some(s) => {
+            let k = cx.e.ints(&[known]);
+            cx.e.add(s, &k)
+        }
+    }
 }
 
 pub(super) fn split(cx: &mut RuleCx<'_>) -> Result<InputGrads> {

@@ -217,6 +217,7 @@ pub static GRADIENTS: &[GradSpec] = &[
     rule("GlobalMaxPool", sp::global_max_pool),
     rule("MaxPool", sp::max_pool),
     // Matrix products.
+    rule("Einsum", li::einsum),
     rule("Gemm", li::gemm),
     rule("MatMul", li::matmul),
     // Normalisation layers: spelled out in primitive ops for training.

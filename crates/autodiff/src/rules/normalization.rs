@@ -80,7 +80,7 @@ fn reduce(cx: &mut RuleCx<'_>, since: i64, mean: bool) -> Result<InputGrads> {
         let shape = cx.shape(&x)?;
         let count: Option<usize> = axes.iter().map(|&a| shape[a as usize].fixed()).product();
         match count {
-            Some(n) => cx.e.scale(&restored, 1.0 / n as f64),
+            Some(n) => cx.e.divide(&restored, n as f64),
             None => {
                 let total = cx.e.numel(&x);
                 let kept = cx.e.numel(&y);

@@ -436,30 +436,32 @@ pub(super) fn average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let geo = Geometry::of(cx, None)?;
     let include_pad = cx.node.attr_int("count_include_pad", 0)? != 0;
     let w = &geo.window;
-    // 1 / count along each axis; the counts of a window are a product over the axes.
+    // The count along each axis; a window's count is the product over the axes. dY is
+    // divided by it (exact counts, see `Emitter::divide`); a window with no element counted
+    // divides by infinity, which gives its elements no gradient.
     let mut per_axis: Vec<Vec<f64>> = Vec::new();
     for a in 0..geo.axes() {
         let (size, begin, end) = (geo.input[a] as i64, w.pads_begin[a] as i64, w.pads_end[a] as i64);
         let (lo, hi) = if include_pad { (-begin, size + end) } else { (0, size) };
-        let inverse = (0..geo.output[a] as i64)
+        let count_of = (0..geo.output[a] as i64)
             .map(|o| {
                 let start = o * w.strides[a] as i64 - begin;
                 let count =
                     (0..w.kernel[a] as i64).filter(|t| (lo..hi).contains(&(start + t * w.dilations[a] as i64))).count();
-                if count == 0 { 0.0 } else { 1.0 / count as f64 }
+                if count == 0 { f64::INFINITY } else { count as f64 }
             })
             .collect();
-        per_axis.push(inverse);
+        per_axis.push(count_of);
     }
-    let mut weights = vec![1.0];
+    let mut counts = vec![1.0];
     for axis in &per_axis {
-        weights = weights.iter().flat_map(|&v| axis.iter().map(move |&u| v * u)).collect();
+        counts = counts.iter().flat_map(|&v| axis.iter().map(move |&u| v * u)).collect();
     }
-    let scaled = if weights.iter().all(|&v| v == weights[0]) {
-        cx.e.scale(&dy, weights[0])
+    let scaled = if counts.iter().all(|&v| v == counts[0]) {
+        cx.e.divide(&dy, counts[0])
     } else {
-        let t = cx.e.floats(geo.output.clone(), &weights);
-        cx.e.mul(&dy, &t)
+        let t = cx.e.floats(geo.output.clone(), &counts);
+        cx.e.div(&dy, &t)
     };
     let mut dims = vec![1, 1];
     dims.extend(&w.kernel);
@@ -481,7 +483,7 @@ pub(super) fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let shape = cx.shape(&x)?;
     let spatial: Option<usize> = shape.iter().skip(2).map(Dim::fixed).product();
     let scaled = match spatial {
-        Some(count) => cx.e.scale(&dy, 1.0 / count as f64),
+        Some(count) => cx.e.divide(&dy, count as f64),
         None => {
             // Unknown spatial sizes: |Y| / |X| is 1 / (spatial size).
             let (ny, nx) = (cx.e.numel(&y), cx.e.numel(&x));

@@ -99,8 +99,10 @@ pub fn check_with(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng) {
     check_tolerance(node, inputs, opset, rng, F64)
 }
 
-/// [`check`] with a caller's generator and tolerance.
-pub fn check_tolerance(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, tol: Tolerance) {
+/// The one-op model of a check: `node` on the inputs (f64 parameters as initializers,
+/// constants as `Constant` nodes) and the projection loss of its float outputs; with the
+/// parameters.
+pub fn projected_model(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng) -> (Model, ParamSet) {
     let op = node.op_type.clone();
     let mut graph = Graph { name: format!("check_{op}"), ..Default::default() };
     let mut params = Vec::new();
@@ -168,7 +170,13 @@ pub fn check_tolerance(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut
         total = next;
     }
     model.graph.outputs = vec![ValueInfo { name: total, dtype: None, shape: None, doc_string: String::new() }];
-    let model = prepare(model).unwrap();
+    (prepare(model).unwrap(), params)
+}
+
+/// [`check`] with a caller's generator and tolerance.
+pub fn check_tolerance(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, tol: Tolerance) {
+    let op = node.op_type.clone();
+    let (model, params) = projected_model(node, inputs, opset, rng);
     let grad = gradient_graph(&model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{op}: {e}"));
     let bytes = edgefreeze_graph::save::encode_model(&grad);
     let run = |session: &mut Box<dyn edgefreeze_engine::Session>, values: &[(String, Vec<usize>, Vec<f64>)]| {
@@ -226,7 +234,8 @@ pub fn python_reference_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-type ParamSet = Vec<(String, Vec<usize>, Vec<f64>)>;
+/// Parameters by name, with their dimensions and values.
+pub type ParamSet = Vec<(String, Vec<usize>, Vec<f64>)>;
 
 /// Runs the graph on many parameter sets with the ONNX reference evaluator; returns each
 /// set's outputs by name.
@@ -335,4 +344,60 @@ fn check_on_reference(op: &str, grad: &Model, params: &ParamSet, tol: Tolerance)
         |name| outputs[0][&format!("grad.{name}")].clone(),
         " (reference evaluator)",
     );
+}
+
+/// A data input of a [`check_on_engines`] model: its name, concrete dimensions for the run
+/// (the model declares some of them symbolic) and values.
+pub type Feed = (String, Vec<usize>, Vec<f64>);
+
+/// Finite-difference check of a whole model's gradient graph on both tract and ONNX Runtime:
+/// the model's f64 initializers are the parameters, `feeds` its (possibly symbolic-shaped)
+/// data inputs given at concrete sizes. Each engine's analytic gradients are compared with
+/// the central differences of that engine's own losses.
+pub fn check_on_engines(what: &str, model: &Model, feeds: &[Feed], tol: Tolerance) {
+    check_on(&[EngineKind::Tract, EngineKind::Ort(edgefreeze_engine::Provider::Cpu)], what, model, feeds, tol)
+}
+
+/// [`check_on_engines`] on the given engines only.
+pub fn check_on(kinds: &[EngineKind], what: &str, model: &Model, feeds: &[Feed], tol: Tolerance) {
+    let grad = gradient_graph(model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let mut params: ParamSet = model
+        .graph
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype() == DataType::Float64)
+        .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.to_f64_vec().unwrap()))
+        .collect();
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let (sets, probes) = probe_sets(&params, tol.h);
+    for kind in kinds {
+        let mut session = edgefreeze_engine::load(kind, &bytes, &EngineOptions::default())
+            .unwrap_or_else(|e| panic!("{what}: {kind} cannot load the gradient graph: {e}"));
+        let names: Vec<String> = session.output_names().to_vec();
+        let mut run = |set: &ParamSet| -> Vec<Value> {
+            let arrays: Vec<(String, Value)> = set
+                .iter()
+                .chain(feeds)
+                .map(|(n, d, v)| (n.clone(), Value::F64(ArrayD::from_shape_vec(IxDyn(d), v.clone()).unwrap())))
+                .collect();
+            let refs: Vec<(&str, &Value)> = arrays.iter().map(|(n, v)| (n.as_str(), v)).collect();
+            session.run(&refs).unwrap_or_else(|e| panic!("{what}: {kind} cannot run the gradient graph: {e}"))
+        };
+        let output = |out: &[Value], name: &str| -> Vec<f64> {
+            let i = names.iter().position(|n| n == name).unwrap_or_else(|| panic!("{what}: no output {name}"));
+            out[i].as_f64().unwrap().iter().copied().collect()
+        };
+        let base = run(&params);
+        let losses: Vec<f64> = sets.iter().map(|set| output(&run(set), "loss")[0]).collect();
+        let engine = format!(" ({kind})");
+        compare(what, &params, tol, &probes, &losses, |name| output(&base, &format!("grad.{name}")), &engine);
+    }
+}
+
+/// [`projected_model`] of one node, checked by [`check_on_engines`] on tract and ONNX Runtime.
+pub fn check_on_both(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, tol: Tolerance) {
+    let what = node.op_type.clone();
+    let (model, _) = projected_model(node, inputs, opset, rng);
+    check_on_engines(&what, &model, &[], tol);
 }

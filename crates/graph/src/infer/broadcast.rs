@@ -14,14 +14,15 @@ pub fn broadcast_shapes(shapes: &[&[Dim]]) -> Option<Shape> {
             if axis < offset {
                 continue;
             }
-            dim = merge(&dim, &s[axis - offset])?;
+            dim = merge_dims(&dim, &s[axis - offset])?;
         }
         out.push(dim);
     }
     Some(out)
 }
 
-fn merge(a: &Dim, b: &Dim) -> Option<Dim> {
+/// Two dimensions broadcast together (`None` when two known sizes disagree and neither is 1).
+pub fn merge_dims(a: &Dim, b: &Dim) -> Option<Dim> {
     Some(match (a, b) {
         (Dim::Fixed(1), other) | (other, Dim::Fixed(1)) => other.clone(),
         (Dim::Fixed(x), Dim::Fixed(y)) if x == y => Dim::Fixed(*x),

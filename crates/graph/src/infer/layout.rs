@@ -387,6 +387,26 @@ pub(crate) fn slice_params(cx: &Cx<'_>, rank: usize) -> Result<Vec<(usize, i64, 
 
 fn slice_shape(cx: &Cx<'_>, x: &[Dim]) -> Result<Shape> {
     let mut out = x.to_vec();
+    if cx.constant(1).is_none() || cx.constant(2).is_none() {
+        // Bounds computed at run time (a gradient's slice of a concatenation whose sizes are
+        // symbolic): the sliced axes, which must be known, get unknown sizes.
+        let (_, starts) = cx.input(1)?;
+        let count = match starts.as_slice() {
+            [Dim::Fixed(n)] => *n,
+            _ => return Err(cx.err("starts computed at run time must be a vector of known length")),
+        };
+        let axes = match cx.const_ints(3)? {
+            Some(a) => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
+            None => (0..count).collect(),
+        };
+        if axes.len() != count {
+            return Err(cx.err("starts, ends and axes must have the same length"));
+        }
+        for axis in axes {
+            out[axis] = Dim::Unknown;
+        }
+        return Ok(out);
+    }
     for (axis, start, end, step) in slice_params(cx, x.len())? {
         out[axis] = match &x[axis] {
             Dim::Fixed(n) => Dim::Fixed(slice_bounds(start, end, step, *n as i64).2),

@@ -2,6 +2,7 @@
 
 use super::{Cx, Outputs, broadcast_shapes};
 use crate::dtype::DataType;
+use crate::einsum::Equation;
 use crate::error::Result;
 use crate::ir::{Dim, format_shape};
 
@@ -36,6 +37,23 @@ pub(crate) fn mat_mul(cx: &Cx<'_>) -> Result<Outputs> {
     if b.len() > 1 {
         out.push(b2[b2.len() - 1].clone());
     }
+    Ok(vec![(dtype, out)])
+}
+
+/// `Einsum`: the output shape from the equation's subscripts (see [`crate::einsum`]).
+pub(crate) fn einsum(cx: &Cx<'_>) -> Result<Outputs> {
+    let equation = Equation::of_node(cx.node)?;
+    let mut shapes = Vec::with_capacity(cx.node.inputs.len());
+    let (dtype, _) = cx.input(0)?;
+    for i in 0..cx.node.inputs.len() {
+        let (t, shape) = cx.input(i)?;
+        if t != dtype {
+            return Err(cx.err(format!("input {i} is {t:?}, input 0 {dtype:?}")));
+        }
+        shapes.push(shape);
+    }
+    let refs: Vec<&[Dim]> = shapes.iter().map(Vec::as_slice).collect();
+    let out = equation.output_shape(&refs).map_err(|e| cx.err(format!("equation {equation}: {e}")))?;
     Ok(vec![(dtype, out)])
 }
 

@@ -8,7 +8,7 @@ pub(crate) mod layout;
 pub(crate) mod linear;
 pub(crate) mod spatial;
 
-pub use broadcast::{broadcast_dims, broadcast_index_map, broadcast_shapes};
+pub use broadcast::{broadcast_dims, broadcast_index_map, broadcast_shapes, merge_dims};
 pub use layout::slice_bounds;
 pub use spatial::Window;
 

@@ -180,6 +180,7 @@ pub static OPS: &[OpSpec] = &[
     op("GlobalMaxPool", 1..=1, 1..=1, sp::global_pool, PerInput, Never(Compute), None),
     op("MaxPool", 1..=1, 1..=2, sp::pool, Rule(fl::window_flops), Never(Compute), None),
     // Matrix products.
+    op("Einsum", 1..=ANY, 1..=1, li::einsum, Rule(fl::einsum_flops), Never(Compute), None),
     op("Gemm", 2..=3, 1..=1, li::gemm, Rule(fl::gemm_flops), Never(Compute), None),
     op("MatMul", 2..=2, 1..=1, li::mat_mul, Rule(fl::matmul_flops), Never(Compute), None),
     // Normalisation layers.
