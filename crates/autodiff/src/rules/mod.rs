@@ -10,6 +10,8 @@ mod linear;
 mod normalization;
 mod spatial;
 
+pub use normalization::batch_norm_training;
+
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::Node;

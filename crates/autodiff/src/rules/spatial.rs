@@ -130,10 +130,9 @@ fn pad_spatial(cx: &mut RuleCx<'_>, x: &str, begin: &[usize], end: &[usize], val
     }
 }
 
-/// For each kernel offset, the strided slice of the padded input `xp` (spatial sizes
-/// `padded`) that the offset reads in every window: `[N, C, out...]` each, concatenated
-/// along the channels to `[N, K·C, out...]` (offset-major).
-fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
+/// For each kernel offset (row-major), the strided slice of the padded input `xp`
+/// (spatial sizes `padded`) that the offset reads in every window: `[N, C, out...]` each.
+fn offset_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> Vec<String> {
     let n = geo.axes();
     let w = &geo.window;
     let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
@@ -151,11 +150,31 @@ fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry
         let ends = cx.e.ints(&ends.iter().map(|&s| s as i64).collect::<Vec<_>>());
         parts.push(cx.e.op("Slice", &[xp, &starts, &ends, &axes, &steps], vec![]));
     }
+    parts
+}
+
+/// The [`offset_slices`] concatenated along the channels to `[N, K·C, out...]`
+/// (offset-major).
+fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
+    let mut parts = offset_slices(cx, xp, padded, geo);
     if parts.len() == 1 {
         return parts.remove(0);
     }
     let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
     cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
+}
+
+/// Per-offset results `[A, B]` (offset-major, as [`offsets`] lists them) stacked on a
+/// last axis to `[A, B, K]`, then given `shape`.
+fn stack_offsets(cx: &mut RuleCx<'_>, parts: &[String], shape: &[usize]) -> String {
+    let parts: Vec<String> = parts.iter().map(|p| cx.e.unsqueeze(p, &[2])).collect();
+    let stacked = if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(2))])
+    };
+    cx.e.reshape(&stacked, &shape.iter().map(|&v| v as i64).collect::<Vec<_>>())
 }
 
 /// A `ConvTranspose` of `values` (`[N, C_in, out...]`) with `weight` that scatters window
@@ -231,6 +250,9 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
         return scatter(cx, dy, w, geo, 1);
     }
     if cg == 1 {
+        if let Some(dx) = depthwise_input_grad_conv(cx, dy, w, w_shape, geo) {
+            return dx;
+        }
         let dx = scatter(cx, dy, w, geo, m);
         if mg == 1 {
             return dx;
@@ -253,44 +275,101 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
     cx.e.op("Concat", &parts, vec![("axis", Attribute::Int(1))])
 }
 
+/// The input gradient of a stride-1 depthwise convolution (one input channel per group,
+/// Mg outputs each) as a grouped `Conv` of dY with the spatially flipped kernel:
+/// dX[n, c, i] = Σ_{j, t} dY[n, c·Mg + j, i + p_begin − t·d] · W[c·Mg + j, 0, t], a
+/// correlation with W[.., k − 1 − t] padded by (k − 1)·d − p on each side, and the
+/// channel multiplier summed by the group's Mg input channels. ONNX Runtime runs a
+/// one-channel-per-group `ConvTranspose` through a slower path than a grouped `Conv`.
+/// `None` (the caller scatters instead) with strides (the correlation would need dY
+/// dilated) or padding beyond the kernel's extent (negative pads).
+fn depthwise_input_grad_conv(
+    cx: &mut RuleCx<'_>,
+    dy: &str,
+    w: &str,
+    w_shape: &[usize],
+    geo: &Geometry,
+) -> Option<String> {
+    let win = &geo.window;
+    let n = geo.axes();
+    if win.strides.iter().any(|&s| s != 1) {
+        return None;
+    }
+    let mut pads = vec![0; 2 * n];
+    for a in 0..n {
+        let reach = geo.extent(a) - 1;
+        pads[a] = reach.checked_sub(win.pads_begin[a])?;
+        pads[n + a] = reach.checked_sub(win.pads_end[a])?;
+    }
+    let (c, mg, k) = (geo.channels as i64, (w_shape[0] / geo.channels) as i64, geo.kernel_size() as i64);
+    // Reversing every kernel axis reverses the row-major flattened kernel.
+    let flat = cx.e.reshape(w, &[c * mg, 1, k]);
+    let reversed = cx.e.ints(&(0..k).rev().collect::<Vec<_>>());
+    let flipped = cx.e.op("Gather", &[&flat, &reversed], vec![("axis", Attribute::Int(2))]);
+    let mut kernel_shape = vec![c, mg];
+    kernel_shape.extend(win.kernel.iter().map(|&v| v as i64));
+    let kernel = cx.e.reshape(&flipped, &kernel_shape);
+    Some(cx.e.op(
+        "Conv",
+        &[dy, &kernel],
+        vec![
+            ("kernel_shape", Geometry::ints(&win.kernel)),
+            ("dilations", Geometry::ints(&win.dilations)),
+            ("pads", Geometry::ints(&pads)),
+            ("group", Attribute::Int(c)),
+        ],
+    ))
+}
+
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
 /// im2col of the padded input made of one strided slice per kernel offset.
 ///
-/// Ungrouped, both operands move the batch next to the positions by swapping the first two
-/// axes (a copy of contiguous rows) and one `Gemm` with a transposed second operand does
-/// the rest; only the weight-sized product is reordered. Depthwise, it is a product and a
-/// sum. Otherwise the columns are regrouped for a batched `MatMul`.
+/// Ungrouped, each offset's slice `[N, C, P]` is one operand of a batched product over
+/// the samples, dY `[N, M, P]` · sliceᵀ `[N, P, C]` → `[N, M, C]`, summed over the batch:
+/// the slice is read in place (ONNX Runtime fuses the transpose into the product) and
+/// nothing activation-sized is concatenated or transposed; only the weight-sized results
+/// are stacked. Depthwise, per offset, a product with dY and a sum. Otherwise the columns
+/// are regrouped for a batched `MatMul`.
+///
+/// (A single `Conv` with batch and channels swapped, the "batch as channels" form, is
+/// ruled out: its kernel is dY or X, whose batch dimension is symbolic, and tract only
+/// builds a `Conv` whose kernel shape is concrete; ONNX Runtime, which accepts it, runs
+/// it slower than this form, see docs/results.md.)
 fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let w = &geo.window;
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
     let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
-    let cols = window_slices(cx, &xp, &padded, geo);
     if group == 1 {
-        // cols [N, K·C, P] → [K·C, N, P] → [K·C, N·P]; dY [N, M, P] → [M, N, P] → [M, N·P].
-        let cols = cx.e.reshape(&cols, &[-1, k * cg, p]);
-        let cols = cx.e.transpose(&cols, &[1, 0, 2]);
-        let cols = cx.e.reshape(&cols, &[k * cg, -1]);
         let d = cx.e.reshape(dy, &[-1, mg, p]);
-        let d = cx.e.transpose(&d, &[1, 0, 2]);
-        let d = cx.e.reshape(&d, &[mg, -1]);
-        // [M, K·C] (offset-major) → [M, K, C] → [M, C, K] → the weight's shape.
-        let prod = cx.e.op("Gemm", &[&d, &cols], vec![("transB", Attribute::Int(1))]);
-        let prod = cx.e.reshape(&prod, &[mg, k, cg]);
-        let prod = cx.e.transpose(&prod, &[0, 2, 1]);
-        return cx.e.reshape(&prod, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[-1, cg, p]);
+                let slice = cx.e.transpose(&slice, &[0, 2, 1]);
+                let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
+                cx.e.reduce_sum(&prod, &[0], false)
+            })
+            .collect();
+        return stack_offsets(cx, &parts, w_shape);
     }
     if cg == 1 {
-        // Depthwise (one input channel per group, Mg outputs each): a product and a sum,
-        // dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · cols[n, k, c, p].
-        let cols = cx.e.reshape(&cols, &[-1, k, g, 1, p]);
-        let d = cx.e.reshape(dy, &[-1, 1, g, mg, p]);
-        let prod = cx.e.mul(&d, &cols);
-        let summed = cx.e.reduce_sum(&prod, &[0, 4], false);
-        let per_channel = cx.e.transpose(&summed, &[1, 2, 0]);
-        return cx.e.reshape(&per_channel, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+        // Depthwise (one input channel per group, Mg outputs each): per offset a product
+        // and a sum, dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · slice_k[n, c, p].
+        let d = cx.e.reshape(dy, &[-1, g, mg, p]);
+        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[-1, g, 1, p]);
+                let prod = cx.e.mul(&d, &slice);
+                let summed = cx.e.reduce_sum(&prod, &[0, 3], false);
+                cx.e.reshape(&summed, &[g * mg, 1])
+            })
+            .collect();
+        return stack_offsets(cx, &parts, w_shape);
     }
+    let cols = window_slices(cx, &xp, &padded, geo);
     // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
     let cols = cx.e.transpose(&cols, &[2, 0, 4, 3, 1]);
