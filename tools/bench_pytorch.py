@@ -32,6 +32,7 @@ memory once the model and batch exist (Linux; null elsewhere).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -122,6 +123,12 @@ def reset_peak():
     """Resets VmHWM to the current resident size and returns that size (kB), or None
     where the system does not allow it."""
     try:
+        # Memory earlier cases freed goes back to the system first (as edgefreeze's
+        # StepMemory does), or the steps would reuse it and the peak would not rise.
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         return status_kib("VmRSS")

@@ -6,6 +6,7 @@
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
 use crate::grad::{BatchNormSaved, Composite, CompositeRule};
+use crate::rules;
 use edgefreeze_graph::infer::Inference;
 use edgefreeze_graph::ir::{Attribute, Node};
 use std::collections::HashSet;
@@ -53,6 +54,15 @@ pub fn rewrite_for_training(
             "LayerNormalization" => layer_norm(node, types, emitter)?,
             "Dropout" => {
                 uses_dropout_seed |= dropout(node, types, emitter)?;
+            }
+            // The gradient reads the pool's argmax (see rules::max_pool_scatters): the
+            // forward computes it once, instead of the backward pooling again.
+            "MaxPool" if node.outputs.len() == 1 && rules::max_pool_scatters(node, emitter.opset)? => {
+                let mut pool = node.clone();
+                pool.outputs.push(emitter.fresh("indices"));
+                emitter.set_prefix("");
+                out.push(pool);
+                continue;
             }
             _ => {
                 emitter.set_prefix("");

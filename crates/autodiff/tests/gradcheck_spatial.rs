@@ -328,6 +328,50 @@ fn max_pool_ceil_mode() {
 }
 
 #[test]
+fn max_pool_gradient_is_a_scatter_of_the_pools_own_indices() {
+    // A MaxPool with Indices and a ScatterElements (adding where windows overlap, opset
+    // 16 on), with no mask over the window offsets; the mask form before opset 16 with
+    // overlapping windows, and for stride-1 pools (onnx.reference's indices are wrong).
+    let mut rng = Rng::new(26);
+    let overlapping = |stride: i64| {
+        op("MaxPool")
+            .with_attr("kernel_shape", ints(&[3, 3]))
+            .with_attr("strides", ints(&[stride, stride]))
+            .with_attr("pads", ints(&[1, 1, 1, 1]))
+    };
+    let tiled = || op("MaxPool").with_attr("kernel_shape", ints(&[2, 2])).with_attr("strides", ints(&[2, 2]));
+    let input = distinct(&mut rng, &[1, 2, 6, 6]);
+    // (ScatterElements, whether it adds, Equal masks) in each gradient graph.
+    let forms = |node: Node, opset: i64| -> (usize, bool, usize) {
+        let (grad, _) = gradient_model(&node, std::slice::from_ref(&input), opset, DataType::Float32);
+        let count = |t: &str| grad.graph.nodes.iter().filter(|n| n.op_type == t).count();
+        let adds = grad.graph.nodes.iter().any(|n| {
+            n.op_type == "ScatterElements" && n.attributes.get("reduction") == Some(&Attribute::String(b"add".to_vec()))
+        });
+        (count("ScatterElements"), adds, count("Equal"))
+    };
+    assert_eq!(forms(overlapping(2), 17), (1, true, 0));
+    assert_eq!(forms(tiled(), 17), (1, false, 0));
+    assert_eq!(forms(tiled(), 13), (1, false, 0));
+    assert_eq!(forms(overlapping(2), 13), (0, false, 2));
+    assert_eq!(forms(overlapping(1), 17), (0, false, 2));
+}
+
+#[test]
+fn max_pool_mask_form_before_opset_16_and_with_stride_1() {
+    // The mask form the scatter replaced, still used where ScatterElements cannot add
+    // (overlapping windows before opset 16) and for stride-1 pools.
+    let mut rng = Rng::new(27);
+    let node = op("MaxPool")
+        .with_attr("kernel_shape", ints(&[3, 3]))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![distinct(&mut rng, &[2, 2, 7, 6])], 13);
+    let node = op("MaxPool").with_attr("kernel_shape", ints(&[3, 3])).with_attr("pads", ints(&[1, 1, 1, 1]));
+    case(node, vec![distinct(&mut rng, &[2, 2, 5, 6])], 17);
+}
+
+#[test]
 fn max_pool_indices_output_carries_no_gradient() {
     let mut rng = Rng::new(25);
     let node = Node::new("MaxPool", "MaxPool", &[], &["out0", "out1"])

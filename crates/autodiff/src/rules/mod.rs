@@ -11,6 +11,7 @@ mod normalization;
 mod spatial;
 
 pub use normalization::batch_norm_training;
+pub use spatial::max_pool_scatters;
 
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
@@ -242,6 +243,7 @@ pub static GRADIENTS: &[GradSpec] = &[
     rule("Split", ly::split),
     rule("Squeeze", ly::reshape),
     rule("Transpose", ly::transpose),
+    not_differentiable("ScatterElements", NOT_YET),
     not_differentiable("ScatterND", NOT_YET),
     rule("Unsqueeze", ly::reshape),
     // Constants and shape computations.

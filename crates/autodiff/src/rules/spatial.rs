@@ -10,13 +10,15 @@
 //!   `MatMul` for grouped convolutions)
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
-//! - `MaxPool`: each kernel offset's strided slice of the input (padded with the lowest
-//!   value) is compared with Y; dY goes to the first position (row-major in the window)
-//!   equal to its window's maximum, as in PyTorch, and one `ConvTranspose` with a one-hot
-//!   kernel scatters it back. Non-overlapping windows
-//!   (kernel = stride, no padding, no dilation) compare reshaped views instead, with no
-//!   slices. The `Indices` output is not used (tract's indices follow another convention
-//!   than ONNX's) and carries no gradient.
+//! - `MaxPool`: the same pool again with its `Indices` output (the first maximum of each
+//!   window in row-major order on ONNX Runtime and tract, as in PyTorch), and dY added
+//!   at those positions into zeros of X's size by a `ScatterElements` per (n, c) plane.
+//!   Where that cannot be written (overlapping windows before opset 16; stride-1 pools,
+//!   whose indices onnx.reference gets wrong): each kernel offset's strided slice of the
+//!   input (padded with the lowest value) is compared with Y, dY goes to the first
+//!   position equal to its window's maximum, and one `ConvTranspose` with a one-hot
+//!   kernel scatters it back. The forward node's own `Indices` output carries no
+//!   gradient.
 //! - `AveragePool`: dY divided by each window's element count (known statically; with
 //!   `count_include_pad` the explicit padding counts, the `ceil_mode` overhang never does)
 //!   is scattered back by a `ConvTranspose` with a kernel of ones.
@@ -29,10 +31,10 @@
 //! are split per group unless they are depthwise.
 
 use super::{InputGrads, RuleCx};
-use crate::error::Result;
+use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::DataType;
 use edgefreeze_graph::infer::Window;
-use edgefreeze_graph::ir::{Attribute, Dim};
+use edgefreeze_graph::ir::{Attribute, Dim, Node};
 
 /// The window of a sliding-window node with known spatial sizes and channel count.
 struct Geometry {
@@ -391,7 +393,8 @@ fn lowest(float: DataType) -> f64 {
     }
 }
 
-/// dX = dY routed to every element equal to its window's maximum (all tied elements).
+/// dX = dY routed to the first position (row-major in its window) holding its window's
+/// maximum, as PyTorch does.
 pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
@@ -400,17 +403,61 @@ pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
     let geo = Geometry::of(cx, None)?;
-    let w = &geo.window;
-    let n = geo.axes();
-    let tiles = (0..n).all(|a| {
-        w.kernel[a] == w.strides[a]
-            && w.dilations[a] == 1
-            && w.pads_begin[a] == 0
-            && w.pads_end[a] == 0
-            && geo.output[a] * w.kernel[a] <= geo.input[a]
+    // The training forward gave the node its Indices output where the scatter applies.
+    let node = cx.node;
+    g[0] = Some(match node.output(1) {
+        Some(indices) if !indices.is_empty() && max_pool_scatters(node, cx.e.opset)? => {
+            max_pool_scatter(cx, &x, indices, &dy, &geo)
+        }
+        _ => max_pool_windows(cx, &x, &y, &dy, &geo),
     });
-    g[0] = Some(if tiles { max_pool_tiled(cx, &x, &y, &dy, &geo) } else { max_pool_windows(cx, &x, &y, &dy, &geo) });
     Ok(g)
+}
+
+/// Whether the gradient of this MaxPool scatters dY at the pool's own indices
+/// ([`max_pool_scatter`]), for which the training forward gives it its `Indices` output:
+/// not for overlapping windows before opset 16 (`ScatterElements` cannot add yet), not
+/// for pools whose strides are all 1 (onnx.reference 1.23 numbers their indices wrongly:
+/// a 2×2 stride-1 pool of a 4×5 map gives 2 where ONNX Runtime and tract give 5, and
+/// every rule must run there), and not with column-major indices (`storage_order` 1).
+pub fn max_pool_scatters(node: &Node, opset: i64) -> Result<bool> {
+    let kernel = node.attr_ints("kernel_shape")?.ok_or_else(|| AutodiffError::node(node, "kernel_shape is missing"))?;
+    let ones = vec![1; kernel.len()];
+    let strides = node.attr_ints("strides")?.unwrap_or(&ones);
+    let dilations = node.attr_ints("dilations")?.unwrap_or(&ones);
+    if strides.len() != kernel.len() || dilations.len() != kernel.len() {
+        return Err(AutodiffError::node(node, "strides, dilations and kernel_shape differ in length"));
+    }
+    let overlapping = (0..kernel.len()).any(|a| strides[a] < (kernel[a] - 1) * dilations[a] + 1);
+    Ok(node.attr_int("storage_order", 0)? == 0 && strides.iter().any(|&s| s != 1) && (!overlapping || opset >= 16))
+}
+
+/// The max-pool gradient from the pool's own argmax `indices`, at a cost that does not
+/// grow with the window: dY added into zeros of X's size at those indices
+/// (`ScatterElements` along each (n, c) plane). Both engines pick the first maximum of a
+/// window in row-major order (ONNX Runtime and tract compare with a strict `>`), which
+/// is PyTorch's choice for ties. The indices are taken modulo the plane's size: ONNX
+/// numbers them over the whole tensor, and the plane is what the scatter indexes.
+/// Overlapping windows can pick the same position, whose gradients add up
+/// (`reduction="add"`).
+fn max_pool_scatter(cx: &mut RuleCx<'_>, x: &str, indices: &str, dy: &str, geo: &Geometry) -> String {
+    let w = &geo.window;
+    let overlapping = (0..geo.axes()).any(|a| w.strides[a] < geo.extent(a));
+    let plane = geo.input.iter().product::<usize>() as i64;
+    let plane_size = cx.e.int_scalar(plane);
+    let within = cx.e.op("Mod", &[indices, &plane_size], vec![]);
+    let p = geo.output_size() as i64;
+    let within = cx.e.reshape(&within, &[-1, p]);
+    let updates = cx.e.reshape(dy, &[-1, p]);
+    let planes = cx.e.reshape(x, &[-1, plane]);
+    let zero = cx.e.scalar(0.0);
+    let zeros = cx.e.expand_like(&zero, &planes);
+    let mut attributes = vec![("axis", Attribute::Int(1))];
+    if overlapping {
+        attributes.push(("reduction", Attribute::String(b"add".to_vec())));
+    }
+    let dx = cx.e.op("ScatterElements", &[&zeros, &within, &updates], attributes);
+    cx.e.reshape_like(&dx, x)
 }
 
 /// `[N, C, spatial...]` viewed as `[N·C, 1, spatial...]`: one image per channel, so that
@@ -459,49 +506,6 @@ fn max_pool_windows(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geome
     let one_hot = cx.e.floats(dims, &one_hot);
     let dx = scatter(cx, &routed, &one_hot, geo, 1);
     batch_to_channels(cx, &dx, geo.channels, &geo.input)
-}
-
-/// Non-overlapping windows that tile the input (kernel = stride, no padding, no dilation):
-/// the input viewed as `[N, C, out₁, k₁, out₂, k₂...]` is compared with Y broadcast over
-/// the kernel axes; rows and columns no window covers get zeros.
-fn max_pool_tiled(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometry) -> String {
-    let n = geo.axes();
-    let w = &geo.window;
-    let c = geo.channels as i64;
-    let covered: Vec<usize> = (0..n).map(|a| geo.output[a] * w.kernel[a]).collect();
-    let xc = if covered == geo.input {
-        x.to_string()
-    } else {
-        let starts = cx.e.ints(&vec![0; n]);
-        let ends = cx.e.ints(&covered.iter().map(|&v| v as i64).collect::<Vec<_>>());
-        let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
-        cx.e.op("Slice", &[x, &starts, &ends, &axes], vec![])
-    };
-    let mut split = vec![-1, c];
-    let mut single = vec![-1, c];
-    let mut merged = vec![-1, c];
-    for ((&out, &k), &size) in geo.output.iter().zip(&w.kernel).zip(&covered) {
-        split.extend([out as i64, k as i64]);
-        single.extend([out as i64, 1]);
-        merged.push(size as i64);
-    }
-    let xr = cx.e.reshape(&xc, &split);
-    let yr = cx.e.reshape(y, &single);
-    let dyr = cx.e.reshape(dy, &single);
-    let mask = cx.e.op("Equal", &[&xr, &yr], vec![]);
-    // Row-major position inside the window, laid out on the kernel axes [.., 1, k₁, 1, k₂..].
-    let mut order_dims = vec![1, 1];
-    for &k in &w.kernel {
-        order_dims.extend([1, k]);
-    }
-    let order: Vec<f64> = (0..geo.kernel_size()).map(|j| j as f64).collect();
-    let window_axes: Vec<i64> = (0..n as i64).map(|a| 3 + 2 * a).collect();
-    let mask = first_max(cx, &mask, order_dims, order, &window_axes);
-    let zero = cx.e.scalar(0.0);
-    let routed = cx.e.op("Where", &[&mask, &dyr, &zero], vec![]);
-    let routed = cx.e.reshape(&routed, &merged);
-    let missing: Vec<usize> = (0..n).map(|a| geo.input[a] - covered[a]).collect();
-    pad_spatial(cx, &routed, &vec![0; n], &missing, None)
 }
 
 /// dX = scatter of dY / count, where count is each window's divisor: its elements inside
