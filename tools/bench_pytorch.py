@@ -22,12 +22,17 @@ time.  The JSON goes to stdout, or to ``--out`` (progress then goes to stderr):
 
     {"engine": "pytorch-eager", "torch": ..., "threads": N,
      "results": [{"model": ..., "batch": ..., "samples_per_s": ...,
-                  "step_ms_median": ..., "steps": ...}, ...]}
+                  "step_ms_median": ..., "steps": ...,
+                  "step_peak_mib": ...}, ...]}
+
+``step_peak_mib`` is the peak resident memory of the steps above the resident
+memory once the model and batch exist (Linux; null elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -80,6 +85,10 @@ def bench_one(spec: em.Spec, batch: int, warmup: int, steps: int, min_seconds: f
         opt.zero_grad(set_to_none=True)
         return loss.item()  # forces completion of the step
 
+    # Peak resident memory of the steps above what is resident now (the model and the
+    # batch), measured as edgefreeze's StepMemory does: writing 5 to clear_refs resets
+    # the high-water mark VmHWM to the current resident size (Linux only).
+    start_kib = reset_peak()
     for _ in range(warmup):
         step()
     times = []
@@ -98,7 +107,33 @@ def bench_one(spec: em.Spec, batch: int, warmup: int, steps: int, min_seconds: f
         "step_ms_min": 1e3 * min(times),
         "steps": len(times),
         "timed_seconds": total,
+        "step_peak_mib": None if start_kib is None else max(status_kib("VmHWM") - start_kib, 0) / 1024,
     }
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak():
+    """Resets VmHWM to the current resident size and returns that size (kB), or None
+    where the system does not allow it."""
+    try:
+        # Memory earlier cases freed goes back to the system first (as edgefreeze's
+        # StepMemory does), or the steps would reuse it and the peak would not rise.
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return status_kib("VmRSS")
+    except OSError:
+        return None
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -8,6 +8,56 @@ use edgefreeze_graph::Node;
 use edgefreeze_graph::infer::Inference;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// A group of forward nodes that the reverse pass differentiates as one: it skips the
+/// group's inner nodes and, at the node producing `output`, runs the group's own rule,
+/// which is cheaper than the chain of its nodes' rules.
+#[derive(Debug, Clone)]
+pub struct Composite {
+    /// The group's one output that carries a gradient.
+    pub output: String,
+    /// Values produced by the group's other nodes; only the group reads them on a path
+    /// to the objective.
+    pub inner: HashSet<String>,
+    /// How the group's input gradients are computed.
+    pub rule: CompositeRule,
+}
+
+/// The rule of a [`Composite`].
+#[derive(Debug, Clone)]
+pub enum CompositeRule {
+    /// A training-mode BatchNormalization, differentiated by
+    /// [`rules::batch_norm_training`].
+    BatchNorm(BatchNormSaved),
+}
+
+/// What a training-mode BatchNormalization's backward reads from its forward.
+#[derive(Debug, Clone)]
+pub struct BatchNormSaved {
+    /// Input `[N, C, ...]`.
+    pub x: String,
+    /// Scale `[C]`.
+    pub scale: String,
+    /// Bias `[C]`.
+    pub bias: String,
+    /// The scale shaped to broadcast against x (`[C, 1...]`).
+    pub scale_b: String,
+    /// x̂ = (x − mean) / std, shaped like x.
+    pub normalized: String,
+    /// √(var + eps) with the reduced axes kept.
+    pub std: String,
+    /// The reduced axes: the batch and the spatial axes.
+    pub axes: Vec<i64>,
+}
+
+impl CompositeRule {
+    /// The group's inputs whose gradients the rule produces, in the rule's order.
+    fn inputs(&self) -> Vec<&str> {
+        match self {
+            CompositeRule::BatchNorm(bn) => vec![bn.x.as_str(), bn.scale.as_str(), bn.bias.as_str()],
+        }
+    }
+}
+
 /// Which values depend on the values in `wrt` through differentiable floating-point paths.
 pub fn requiring_grad(forward: &[Node], types: &Inference, wrt: &HashSet<String>) -> HashSet<String> {
     let mut requires: HashSet<String> = wrt.clone();
@@ -75,12 +125,14 @@ pub fn blocking_ops(forward: &[Node], active: &[bool]) -> Vec<BlockedOp> {
 ///
 /// `seeds` gives the gradient of the objective with respect to some forward values (for
 /// a scalar loss: the loss and a constant one). Returns the gradient value of each name
-/// in `wrt`, in order; a value the objective does not depend on gets zeros.
+/// in `wrt`, in order; a value the objective does not depend on gets zeros. The nodes of
+/// each of `composites` are differentiated by its rule instead of theirs.
 pub fn backward(
     forward: &[Node],
     types: &Inference,
     seeds: &[(String, String)],
     wrt: &[String],
+    composites: &[Composite],
     emitter: &mut Emitter,
 ) -> Result<Vec<String>> {
     let seed_values: Vec<String> = seeds.iter().map(|(v, _)| v.clone()).collect();
@@ -94,18 +146,49 @@ pub fn backward(
     for (value, grad) in seeds {
         contributions.entry(value.clone()).or_default().push(grad.clone());
     }
+    let by_output: HashMap<&str, &Composite> = composites.iter().map(|c| (c.output.as_str(), c)).collect();
+    let inner: HashMap<&str, &Composite> =
+        composites.iter().flat_map(|c| c.inner.iter().map(move |v| (v.as_str(), c))).collect();
+    let need = |v: &str| !v.is_empty() && requires.contains(v) && needed.contains(v);
     for (i, node) in forward.iter().enumerate().rev() {
         if !active[i] {
             continue;
         }
         emitter.set_prefix(&format!("grad/{}", node.name));
+        if let Some(composite) = node.outputs.iter().find_map(|o| inner.get(o.as_str())) {
+            // An inner value's gradient can only come from inside its group, whose rule
+            // covers it; one from outside would be lost.
+            if let Some(o) = node.outputs.iter().find(|o| contributions.contains_key(*o)) {
+                return Err(AutodiffError::node(
+                    node,
+                    format!("value {o:?} inside the group of {:?} has a gradient from outside it", composite.output),
+                ));
+            }
+            continue;
+        }
+        if let Some(composite) = node.outputs.first().and_then(|o| by_output.get(o.as_str())) {
+            let Some(parts) = contributions.remove(&composite.output) else { continue };
+            let dy = accumulate(emitter, parts);
+            let inputs = composite.rule.inputs();
+            let needs: Vec<bool> = inputs.iter().map(|v| need(v)).collect();
+            let input_grads = match &composite.rule {
+                CompositeRule::BatchNorm(bn) => {
+                    rules::batch_norm_training(emitter, bn, &dy, [needs[0], needs[1], needs[2]])
+                }
+            };
+            for ((input, grad), need) in inputs.iter().zip(input_grads).zip(needs) {
+                if let (Some(g), true) = (grad, need) {
+                    contributions.entry(input.to_string()).or_default().push(g);
+                }
+            }
+            continue;
+        }
         let grads: Vec<Option<String>> =
             node.outputs.iter().map(|o| contributions.remove(o).map(|parts| accumulate(emitter, parts))).collect();
         if grads.iter().all(Option::is_none) {
             continue;
         }
-        let needs: Vec<bool> =
-            node.inputs.iter().map(|v| !v.is_empty() && requires.contains(v) && needed.contains(v)).collect();
+        let needs: Vec<bool> = node.inputs.iter().map(|v| need(v)).collect();
         let mut cx = RuleCx { node, e: emitter, types, needs: needs.clone(), grads };
         let input_grads = rules::differentiate(&mut cx)?;
         for ((input, grad), need) in node.inputs.iter().zip(input_grads).zip(needs) {

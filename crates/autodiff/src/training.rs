@@ -273,7 +273,7 @@ pub fn differentiate(
     typed.nodes = nodes.clone();
     typed.inputs.extend(extra_inputs.iter().cloned());
     let types = infer(&typed, model.opset())?;
-    let grads = backward(&nodes, &types, std::slice::from_ref(&seed), wrt, &mut e)?;
+    let grads = backward(&nodes, &types, std::slice::from_ref(&seed), wrt, &forward.composites, &mut e)?;
     nodes.append(&mut e.nodes);
     Ok(Differentiated {
         nodes,

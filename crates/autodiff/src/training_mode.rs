@@ -5,6 +5,8 @@
 
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
+use crate::grad::{BatchNormSaved, Composite, CompositeRule};
+use crate::rules;
 use edgefreeze_graph::infer::Inference;
 use edgefreeze_graph::ir::{Attribute, Node};
 use std::collections::HashSet;
@@ -20,6 +22,9 @@ pub struct TrainingForward {
     pub running_updates: Vec<(String, String)>,
     /// Whether the nodes read [`DROPOUT_SEED`].
     pub uses_dropout_seed: bool,
+    /// Groups of these nodes the reverse pass differentiates as one (training-mode
+    /// BatchNormalizations).
+    pub composites: Vec<Composite>,
 }
 
 /// Rewrites forward nodes for training. `emitter` provides fresh names. Nodes named in
@@ -35,6 +40,7 @@ pub fn rewrite_for_training(
     let mut out = Vec::with_capacity(nodes.len());
     let mut running_updates = Vec::new();
     let mut uses_dropout_seed = false;
+    let mut composites = Vec::new();
     for node in nodes {
         emitter.set_prefix(&node.name);
         if inference.contains(&node.name) && rewrite_for_inference(node, types, emitter)? {
@@ -43,11 +49,20 @@ pub fn rewrite_for_training(
         }
         match node.op_type.as_str() {
             "BatchNormalization" => {
-                batch_norm(node, types, emitter, &mut running_updates)?;
+                composites.push(batch_norm(node, types, emitter, &mut running_updates)?);
             }
             "LayerNormalization" => layer_norm(node, types, emitter)?,
             "Dropout" => {
                 uses_dropout_seed |= dropout(node, types, emitter)?;
+            }
+            // The gradient reads the pool's argmax (see rules::max_pool_scatters): the
+            // forward computes it once, instead of the backward pooling again.
+            "MaxPool" if node.outputs.len() == 1 && rules::max_pool_scatters(node, emitter.opset)? => {
+                let mut pool = node.clone();
+                pool.outputs.push(emitter.fresh("indices"));
+                emitter.set_prefix("");
+                out.push(pool);
+                continue;
             }
             _ => {
                 emitter.set_prefix("");
@@ -59,7 +74,7 @@ pub fn rewrite_for_training(
         out.append(&mut emitter.nodes);
     }
     emitter.set_prefix("");
-    Ok(TrainingForward { nodes: out, running_updates, uses_dropout_seed })
+    Ok(TrainingForward { nodes: out, running_updates, uses_dropout_seed, composites })
 }
 
 fn rank_of(node: &Node, types: &Inference, name: &str) -> Result<usize> {
@@ -71,9 +86,9 @@ fn rank_of(node: &Node, types: &Inference, name: &str) -> Result<usize> {
         .ok_or_else(|| AutodiffError::node(node, format!("value {name:?} has no known shape")))
 }
 
-/// Normalises `x` over `axes` with `eps`: returns (x̂, mean, biased variance), the
-/// statistics kept with their reduced axes.
-fn normalize(e: &mut Emitter, x: &str, axes: &[i64], eps: f64) -> (String, String, String) {
+/// Normalises `x` over `axes` with `eps`: returns (x̂, mean, biased variance, standard
+/// deviation √(var + eps)), the statistics kept with their reduced axes.
+fn normalize(e: &mut Emitter, x: &str, axes: &[i64], eps: f64) -> (String, String, String, String) {
     let mean = e.reduce_mean(x, axes, true);
     let centered = e.sub(x, &mean);
     let squared = e.mul(&centered, &centered);
@@ -81,7 +96,7 @@ fn normalize(e: &mut Emitter, x: &str, axes: &[i64], eps: f64) -> (String, Strin
     let epsilon = e.scalar(eps);
     let shifted = e.add(&var, &epsilon);
     let std = e.op("Sqrt", &[&shifted], vec![]);
-    (e.div(&centered, &std), mean, var)
+    (e.div(&centered, &std), mean, var, std)
 }
 
 /// The five inputs of a BatchNormalization (x, scale, bias, mean, variance) and the rank of x.
@@ -97,18 +112,42 @@ fn batch_norm_inputs(node: &Node, types: &Inference) -> Result<([String; 5], usi
     Ok((inputs, rank))
 }
 
-fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec<(String, String)>) -> Result<()> {
+/// Emits the training-mode forward of a BatchNormalization and returns the composite
+/// through which the reverse pass differentiates it (the textbook backward, see
+/// [`crate::rules::batch_norm_training`], instead of the element-wise ops' rules).
+fn batch_norm(
+    node: &Node,
+    types: &Inference,
+    e: &mut Emitter,
+    updates: &mut Vec<(String, String)>,
+) -> Result<Composite> {
     let ([x, scale, bias, running_mean, running_var], rank) = batch_norm_inputs(node, types)?;
     let eps = node.attr_float("epsilon", 1e-5)? as f64;
     let momentum = node.attr_float("momentum", 0.9)? as f64;
     let axes: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
-    let (normalized, mean, var) = normalize(e, &x, &axes, eps);
+    let first = e.nodes.len();
+    let (normalized, mean, var, std) = normalize(e, &x, &axes, eps);
     let spatial: Vec<i64> = (1..rank as i64 - 1).collect();
     let scale_b = if spatial.is_empty() { scale.clone() } else { e.unsqueeze(&scale, &spatial) };
     let bias_b = if spatial.is_empty() { bias.clone() } else { e.unsqueeze(&bias, &spatial) };
     let scaled = e.mul(&normalized, &scale_b);
     let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
     e.op_into("Add", &[&scaled, &bias_b], &[y], vec![]);
+    let inner: HashSet<String> =
+        e.nodes[first..].iter().flat_map(|n| n.outputs.iter().cloned()).filter(|o| o != y).collect();
+    let composite = Composite {
+        output: y.to_string(),
+        inner,
+        rule: CompositeRule::BatchNorm(BatchNormSaved {
+            x: x.clone(),
+            scale: scale.clone(),
+            bias: bias.clone(),
+            scale_b,
+            normalized,
+            std,
+            axes: axes.clone(),
+        }),
+    };
     // Running statistics, as PyTorch keeps them: the variance is the unbiased one.
     let mean_c = e.reshape(&mean, &[-1]);
     let var_c = e.reshape(&var, &[-1]);
@@ -125,7 +164,7 @@ fn batch_norm(node: &Node, types: &Inference, e: &mut Emitter, updates: &mut Vec
         let updated = e.op("Add", &[&kept, &fresh], vec![]);
         updates.push((running.clone(), updated));
     }
-    Ok(())
+    Ok(composite)
 }
 
 /// Emits the inference form of a node whose training and inference behaviour differ
@@ -181,7 +220,7 @@ fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
         return Err(AutodiffError::node(node, "the Mean and InvStdDev outputs are not supported in training"));
     }
     let axes: Vec<i64> = (axis..rank as i64).collect();
-    let (normalized, _, _) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
+    let (normalized, _, _, _) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
     let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
     let scaled = e.mul(&normalized, node.input(1).unwrap_or_default());
     match node.input(2) {

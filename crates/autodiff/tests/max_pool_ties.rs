@@ -69,3 +69,19 @@ fn tiled_windows_and_global_max_pool_give_it_to_the_first_maximum() {
         assert_eq!(grad, vec![1.0, 0.0, 0.0, 0.0]);
     }
 }
+
+#[test]
+fn strided_overlapping_windows_give_each_gradient_to_the_first_maximum() {
+    // 3×3 windows, stride 2, pad 1, ceil_mode (the scatter of the pool's own indices, with
+    // reduction="add"): the first window covers the whole tied map and gives its gradient
+    // to (0, 0) alone; the others cover one column, one row, one position. PyTorch gives
+    // [1, 2, 3, 4].
+    let pool = Node::new("pool", "MaxPool", &["x"], &["y"])
+        .with_attr("kernel_shape", ints(&[3, 3]))
+        .with_attr("strides", ints(&[2, 2]))
+        .with_attr("pads", ints(&[1, 1, 1, 1]))
+        .with_attr("ceil_mode", Attribute::Int(1));
+    for grad in pooled_gradient(pool, 4) {
+        assert_eq!(grad, vec![1.0, 2.0, 3.0, 4.0]);
+    }
+}

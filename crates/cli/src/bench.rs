@@ -67,6 +67,9 @@ struct PytorchResult {
     samples_per_s: f64,
     step_ms_median: f64,
     steps: usize,
+    /// Peak resident memory while stepping above the start, as [`BenchResult`]'s.
+    #[serde(default)]
+    step_peak_mib: Option<f64>,
 }
 
 /// Runs `bench`.
@@ -195,6 +198,15 @@ fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[S
             rule.push_str("---:|");
         }
     }
+    // Peak resident memory of the steps above the loaded model (see StepMemory).
+    for e in engines {
+        header.push_str(&format!(" {e} step MiB |"));
+        rule.push_str("---:|");
+    }
+    if pytorch.is_some() {
+        header.push_str(" PyTorch step MiB |");
+        rule.push_str("---:|");
+    }
     let mut rows = vec![header, rule];
     let mut keys: Vec<(String, usize)> = Vec::new();
     for r in ours {
@@ -210,13 +222,22 @@ fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[S
         for e in engines {
             row.push_str(&rate(e).map_or(" – |".into(), |v| format!(" {v:.1} |")));
         }
-        if let Some(p) = pytorch {
-            let base = p.results.iter().find(|r| r.model == model && r.batch == batch).map(|r| r.samples_per_s);
+        let pytorch_row = pytorch.and_then(|p| p.results.iter().find(|r| r.model == model && r.batch == batch));
+        if pytorch.is_some() {
+            let base = pytorch_row.map(|r| r.samples_per_s);
             row.push_str(&base.map_or(" – |".into(), |v| format!(" {v:.1} |")));
             for e in engines {
                 let ratio = rate(e).zip(base).map(|(a, b)| a / b);
                 row.push_str(&ratio.map_or(" – |".into(), |v| format!(" {v:.2}× |")));
             }
+        }
+        let mib = |v: Option<f64>| v.map_or(" – |".into(), |v| format!(" {v:.0} |"));
+        for e in engines {
+            let peak = ours.iter().find(|r| r.model == model && r.batch == batch && r.engine == *e);
+            row.push_str(&mib(peak.and_then(|r| r.step_peak_mib)));
+        }
+        if pytorch.is_some() {
+            row.push_str(&mib(pytorch_row.and_then(|r| r.step_peak_mib)));
         }
         rows.push(row);
     }

@@ -42,6 +42,58 @@ pub struct BenchResult {
     pub step_ms_median: f64,
     /// `batch / median step time`.
     pub samples_per_s: f64,
+    /// Peak resident memory while stepping above the resident memory once the graph and
+    /// its state were loaded, in MiB (see [`StepMemory`]); `None` where the operating
+    /// system does not report it (only Linux does).
+    #[serde(default)]
+    pub step_peak_mib: Option<f64>,
+}
+
+/// The process's resident-memory high-water mark, reset at a point and read later: what
+/// a stretch of work (the training steps) added at its peak to what was resident when it
+/// began. Linux only, through `/proc/self/clear_refs` (writing 5 resets the mark to the
+/// current resident size) and `VmHWM`/`VmRSS` in `/proc/self/status`. The same
+/// measurement runs in `tools/bench_pytorch.py`, so the two are comparable.
+pub struct StepMemory {
+    start_kib: u64,
+}
+
+impl StepMemory {
+    /// Resets the high-water mark; `None` where it cannot be. Memory an earlier case
+    /// freed is handed back to the system first: left resident, the steps would reuse
+    /// it and the peak would not rise above the start.
+    pub fn start() -> Option<StepMemory> {
+        release_freed_memory();
+        std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        Some(StepMemory { start_kib: status_kib("VmRSS")? })
+    }
+
+    /// MiB the peak rose above the start.
+    pub fn peak_mib(&self) -> Option<f64> {
+        let peak = status_kib("VmHWM")?;
+        Some(peak.saturating_sub(self.start_kib) as f64 / 1024.0)
+    }
+}
+
+/// Returns the allocator's free pages to the system (glibc's `malloc_trim`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only releases memory the allocator holds free; it reads and
+    // writes nothing of ours.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Other allocators: nothing to do (only Linux reports the peak anyway).
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_freed_memory() {}
+
+/// A `kB` field of `/proc/self/status`.
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// Deterministic pseudo-random numbers for synthetic batches.
@@ -84,7 +136,9 @@ pub fn bench_training(
     }
     let (input, labels) = synthetic_batch(&model, batch)?;
     let input_name = model.graph.inputs[0].name.clone();
+    let memory = StepMemory::start();
     let (steps, median) = time_steps(ws.as_mut(), graph, &[(&input_name, &input), ("labels", &labels)], options)?;
+    let step_peak_mib = memory.and_then(|m| m.peak_mib());
     Ok(BenchResult {
         model: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
         engine: engine.to_string(),
@@ -93,6 +147,7 @@ pub fn bench_training(
         steps,
         step_ms_median: median * 1e3,
         samples_per_s: batch as f64 / median,
+        step_peak_mib,
     })
 }
 

@@ -10,6 +10,9 @@ mod linear;
 mod normalization;
 mod spatial;
 
+pub use normalization::batch_norm_training;
+pub use spatial::max_pool_scatters;
+
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::Node;
@@ -241,6 +244,7 @@ pub static GRADIENTS: &[GradSpec] = &[
     rule("Split", ly::split),
     rule("Squeeze", ly::reshape),
     rule("Transpose", ly::transpose),
+    not_differentiable("ScatterElements", NOT_YET),
     not_differentiable("ScatterND", NOT_YET),
     rule("Unsqueeze", ly::reshape),
     // Constants and shape computations.

@@ -1,11 +1,53 @@
-//! Gradient rules of softmax-like ops and reductions. (BatchNormalization and
-//! LayerNormalization are spelled out in primitive ops for training, see
-//! [`crate::training_mode`], so their gradients come from these rules and the
-//! element-wise ones.)
+//! Gradient rules of softmax-like ops and reductions, and the training-mode
+//! BatchNormalization's backward. (BatchNormalization and LayerNormalization are spelled
+//! out in primitive ops for training, see [`crate::training_mode`]; LayerNormalization's
+//! gradient comes from these rules and the element-wise ones, BatchNormalization's from
+//! [`batch_norm_training`], which the reverse pass runs for the whole group.)
 
 use super::{InputGrads, RuleCx};
+use crate::emit::Emitter;
 use crate::error::Result;
+use crate::grad::BatchNormSaved;
 use edgefreeze_graph::ir::Attribute;
+
+/// The gradients of a training-mode BatchNormalization's (x, scale, bias) from dY, in the
+/// textbook two-reduction form: with x̂ the normalised input, σ = √(var + eps) and m the
+/// element count per channel (batch × spatial, known only at run time),
+///
+/// dβ = Σ dY, dγ = Σ dY·x̂ and dx = (γ/σ)·(dY − dβ/m − x̂·dγ/m),
+///
+/// the batch statistics' gradients folded into the two sums. dx is four element-wise
+/// passes (dY·k, x̂·c₂, and two subtractions, with k = γ/σ, c₂ = k·dγ/m, c₃ = k·dβ/m per
+/// channel) where the chain of the spelled-out forward's rules takes about a dozen.
+pub fn batch_norm_training(e: &mut Emitter, bn: &BatchNormSaved, dy: &str, needs: [bool; 3]) -> [Option<String>; 3] {
+    let [need_x, need_scale, need_bias] = needs;
+    let sum_dy = (need_x || need_bias).then(|| e.reduce_sum(dy, &bn.axes, true));
+    let sum_dyx = (need_x || need_scale).then(|| {
+        let dyx = e.mul(dy, &bn.normalized);
+        e.reduce_sum(&dyx, &bn.axes, true)
+    });
+    let mut g = [None, None, None];
+    if let (true, Some(s)) = (need_scale, &sum_dyx) {
+        g[1] = Some(e.reshape(s, &[-1]));
+    }
+    if let (true, Some(s)) = (need_bias, &sum_dy) {
+        g[2] = Some(e.reshape(s, &[-1]));
+    }
+    if let (true, Some(sum_dy), Some(sum_dyx)) = (need_x, &sum_dy, &sum_dyx) {
+        let k = e.div(&bn.scale_b, &bn.std);
+        // m = |x| / C, as a float scalar of the run-time batch.
+        let (total, channels) = (e.numel(&bn.x), e.numel(sum_dy));
+        let m = e.div(&total, &channels);
+        let k_m = e.div(&k, &m);
+        let c2 = e.mul(sum_dyx, &k_m);
+        let c3 = e.mul(sum_dy, &k_m);
+        let scaled = e.mul(dy, &k);
+        let correction = e.mul(&bn.normalized, &c2);
+        let centered = e.sub(&scaled, &correction);
+        g[0] = Some(e.sub(&centered, &c3));
+    }
+    g
+}
 
 pub(super) fn softmax(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;

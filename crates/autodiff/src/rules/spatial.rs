@@ -10,13 +10,15 @@
 //!   `MatMul` for grouped convolutions)
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
-//! - `MaxPool`: each kernel offset's strided slice of the input (padded with the lowest
-//!   value) is compared with Y; dY goes to the first position (row-major in the window)
-//!   equal to its window's maximum, as in PyTorch, and one `ConvTranspose` with a one-hot
-//!   kernel scatters it back. Non-overlapping windows
-//!   (kernel = stride, no padding, no dilation) compare reshaped views instead, with no
-//!   slices. The `Indices` output is not used (tract's indices follow another convention
-//!   than ONNX's) and carries no gradient.
+//! - `MaxPool`: the same pool again with its `Indices` output (the first maximum of each
+//!   window in row-major order on ONNX Runtime and tract, as in PyTorch), and dY added
+//!   at those positions into zeros of X's size by a `ScatterElements` per (n, c) plane.
+//!   Where that cannot be written (overlapping windows before opset 16; stride-1 pools,
+//!   whose indices onnx.reference gets wrong): each kernel offset's strided slice of the
+//!   input (padded with the lowest value) is compared with Y, dY goes to the first
+//!   position equal to its window's maximum, and one `ConvTranspose` with a one-hot
+//!   kernel scatters it back. The forward node's own `Indices` output carries no
+//!   gradient.
 //! - `AveragePool`: dY divided by each window's element count (known statically; with
 //!   `count_include_pad` the explicit padding counts, the `ceil_mode` overhang never does)
 //!   is scattered back by a `ConvTranspose` with a kernel of ones.
@@ -29,10 +31,10 @@
 //! are split per group unless they are depthwise.
 
 use super::{InputGrads, RuleCx};
-use crate::error::Result;
+use crate::error::{AutodiffError, Result};
 use edgefreeze_graph::DataType;
 use edgefreeze_graph::infer::Window;
-use edgefreeze_graph::ir::{Attribute, Dim};
+use edgefreeze_graph::ir::{Attribute, Dim, Node};
 
 /// The window of a sliding-window node with known spatial sizes and channel count.
 struct Geometry {
@@ -130,10 +132,9 @@ fn pad_spatial(cx: &mut RuleCx<'_>, x: &str, begin: &[usize], end: &[usize], val
     }
 }
 
-/// For each kernel offset, the strided slice of the padded input `xp` (spatial sizes
-/// `padded`) that the offset reads in every window: `[N, C, out...]` each, concatenated
-/// along the channels to `[N, K·C, out...]` (offset-major).
-fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
+/// For each kernel offset (row-major), the strided slice of the padded input `xp`
+/// (spatial sizes `padded`) that the offset reads in every window: `[N, C, out...]` each.
+fn offset_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> Vec<String> {
     let n = geo.axes();
     let w = &geo.window;
     let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
@@ -151,11 +152,31 @@ fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry
         let ends = cx.e.ints(&ends.iter().map(|&s| s as i64).collect::<Vec<_>>());
         parts.push(cx.e.op("Slice", &[xp, &starts, &ends, &axes, &steps], vec![]));
     }
+    parts
+}
+
+/// The [`offset_slices`] concatenated along the channels to `[N, K·C, out...]`
+/// (offset-major).
+fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
+    let mut parts = offset_slices(cx, xp, padded, geo);
     if parts.len() == 1 {
         return parts.remove(0);
     }
     let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
     cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
+}
+
+/// Per-offset results `[A, B]` (offset-major, as [`offsets`] lists them) stacked on a
+/// last axis to `[A, B, K]`, then given `shape`.
+fn stack_offsets(cx: &mut RuleCx<'_>, parts: &[String], shape: &[usize]) -> String {
+    let parts: Vec<String> = parts.iter().map(|p| cx.e.unsqueeze(p, &[2])).collect();
+    let stacked = if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(2))])
+    };
+    cx.e.reshape(&stacked, &shape.iter().map(|&v| v as i64).collect::<Vec<_>>())
 }
 
 /// A `ConvTranspose` of `values` (`[N, C_in, out...]`) with `weight` that scatters window
@@ -231,6 +252,9 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
         return scatter(cx, dy, w, geo, 1);
     }
     if cg == 1 {
+        if let Some(dx) = depthwise_input_grad_conv(cx, dy, w, w_shape, geo) {
+            return dx;
+        }
         let dx = scatter(cx, dy, w, geo, m);
         if mg == 1 {
             return dx;
@@ -253,44 +277,101 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
     cx.e.op("Concat", &parts, vec![("axis", Attribute::Int(1))])
 }
 
+/// The input gradient of a stride-1 depthwise convolution (one input channel per group,
+/// Mg outputs each) as a grouped `Conv` of dY with the spatially flipped kernel:
+/// dX[n, c, i] = Σ_{j, t} dY[n, c·Mg + j, i + p_begin − t·d] · W[c·Mg + j, 0, t], a
+/// correlation with W[.., k − 1 − t] padded by (k − 1)·d − p on each side, and the
+/// channel multiplier summed by the group's Mg input channels. ONNX Runtime runs a
+/// one-channel-per-group `ConvTranspose` through a slower path than a grouped `Conv`.
+/// `None` (the caller scatters instead) with strides (the correlation would need dY
+/// dilated) or padding beyond the kernel's extent (negative pads).
+fn depthwise_input_grad_conv(
+    cx: &mut RuleCx<'_>,
+    dy: &str,
+    w: &str,
+    w_shape: &[usize],
+    geo: &Geometry,
+) -> Option<String> {
+    let win = &geo.window;
+    let n = geo.axes();
+    if win.strides.iter().any(|&s| s != 1) {
+        return None;
+    }
+    let mut pads = vec![0; 2 * n];
+    for a in 0..n {
+        let reach = geo.extent(a) - 1;
+        pads[a] = reach.checked_sub(win.pads_begin[a])?;
+        pads[n + a] = reach.checked_sub(win.pads_end[a])?;
+    }
+    let (c, mg, k) = (geo.channels as i64, (w_shape[0] / geo.channels) as i64, geo.kernel_size() as i64);
+    // Reversing every kernel axis reverses the row-major flattened kernel.
+    let flat = cx.e.reshape(w, &[c * mg, 1, k]);
+    let reversed = cx.e.ints(&(0..k).rev().collect::<Vec<_>>());
+    let flipped = cx.e.op("Gather", &[&flat, &reversed], vec![("axis", Attribute::Int(2))]);
+    let mut kernel_shape = vec![c, mg];
+    kernel_shape.extend(win.kernel.iter().map(|&v| v as i64));
+    let kernel = cx.e.reshape(&flipped, &kernel_shape);
+    Some(cx.e.op(
+        "Conv",
+        &[dy, &kernel],
+        vec![
+            ("kernel_shape", Geometry::ints(&win.kernel)),
+            ("dilations", Geometry::ints(&win.dilations)),
+            ("pads", Geometry::ints(&pads)),
+            ("group", Attribute::Int(c)),
+        ],
+    ))
+}
+
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
 /// im2col of the padded input made of one strided slice per kernel offset.
 ///
-/// Ungrouped, both operands move the batch next to the positions by swapping the first two
-/// axes (a copy of contiguous rows) and one `Gemm` with a transposed second operand does
-/// the rest; only the weight-sized product is reordered. Depthwise, it is a product and a
-/// sum. Otherwise the columns are regrouped for a batched `MatMul`.
+/// Ungrouped, each offset's slice `[N, C, P]` is one operand of a batched product over
+/// the samples, dY `[N, M, P]` · sliceᵀ `[N, P, C]` → `[N, M, C]`, summed over the batch:
+/// the slice is read in place (ONNX Runtime fuses the transpose into the product) and
+/// nothing activation-sized is concatenated or transposed; only the weight-sized results
+/// are stacked. Depthwise, per offset, a product with dY and a sum. Otherwise the columns
+/// are regrouped for a batched `MatMul`.
+///
+/// (A single `Conv` with batch and channels swapped, the "batch as channels" form, is
+/// ruled out: its kernel is dY or X, whose batch dimension is symbolic, and tract only
+/// builds a `Conv` whose kernel shape is concrete; ONNX Runtime, which accepts it, runs
+/// it slower than this form, see docs/results.md.)
 fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let w = &geo.window;
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
     let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
-    let cols = window_slices(cx, &xp, &padded, geo);
     if group == 1 {
-        // cols [N, K·C, P] → [K·C, N, P] → [K·C, N·P]; dY [N, M, P] → [M, N, P] → [M, N·P].
-        let cols = cx.e.reshape(&cols, &[-1, k * cg, p]);
-        let cols = cx.e.transpose(&cols, &[1, 0, 2]);
-        let cols = cx.e.reshape(&cols, &[k * cg, -1]);
         let d = cx.e.reshape(dy, &[-1, mg, p]);
-        let d = cx.e.transpose(&d, &[1, 0, 2]);
-        let d = cx.e.reshape(&d, &[mg, -1]);
-        // [M, K·C] (offset-major) → [M, K, C] → [M, C, K] → the weight's shape.
-        let prod = cx.e.op("Gemm", &[&d, &cols], vec![("transB", Attribute::Int(1))]);
-        let prod = cx.e.reshape(&prod, &[mg, k, cg]);
-        let prod = cx.e.transpose(&prod, &[0, 2, 1]);
-        return cx.e.reshape(&prod, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[-1, cg, p]);
+                let slice = cx.e.transpose(&slice, &[0, 2, 1]);
+                let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
+                cx.e.reduce_sum(&prod, &[0], false)
+            })
+            .collect();
+        return stack_offsets(cx, &parts, w_shape);
     }
     if cg == 1 {
-        // Depthwise (one input channel per group, Mg outputs each): a product and a sum,
-        // dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · cols[n, k, c, p].
-        let cols = cx.e.reshape(&cols, &[-1, k, g, 1, p]);
-        let d = cx.e.reshape(dy, &[-1, 1, g, mg, p]);
-        let prod = cx.e.mul(&d, &cols);
-        let summed = cx.e.reduce_sum(&prod, &[0, 4], false);
-        let per_channel = cx.e.transpose(&summed, &[1, 2, 0]);
-        return cx.e.reshape(&per_channel, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+        // Depthwise (one input channel per group, Mg outputs each): per offset a product
+        // and a sum, dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · slice_k[n, c, p].
+        let d = cx.e.reshape(dy, &[-1, g, mg, p]);
+        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[-1, g, 1, p]);
+                let prod = cx.e.mul(&d, &slice);
+                let summed = cx.e.reduce_sum(&prod, &[0, 3], false);
+                cx.e.reshape(&summed, &[g * mg, 1])
+            })
+            .collect();
+        return stack_offsets(cx, &parts, w_shape);
     }
+    let cols = window_slices(cx, &xp, &padded, geo);
     // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
     let cols = cx.e.transpose(&cols, &[2, 0, 4, 3, 1]);
@@ -312,7 +393,8 @@ fn lowest(float: DataType) -> f64 {
     }
 }
 
-/// dX = dY routed to every element equal to its window's maximum (all tied elements).
+/// dX = dY routed to the first position (row-major in its window) holding its window's
+/// maximum, as PyTorch does.
 pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     if !cx.need(0) {
@@ -321,17 +403,61 @@ pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
     let geo = Geometry::of(cx, None)?;
-    let w = &geo.window;
-    let n = geo.axes();
-    let tiles = (0..n).all(|a| {
-        w.kernel[a] == w.strides[a]
-            && w.dilations[a] == 1
-            && w.pads_begin[a] == 0
-            && w.pads_end[a] == 0
-            && geo.output[a] * w.kernel[a] <= geo.input[a]
+    // The training forward gave the node its Indices output where the scatter applies.
+    let node = cx.node;
+    g[0] = Some(match node.output(1) {
+        Some(indices) if !indices.is_empty() && max_pool_scatters(node, cx.e.opset)? => {
+            max_pool_scatter(cx, &x, indices, &dy, &geo)
+        }
+        _ => max_pool_windows(cx, &x, &y, &dy, &geo),
     });
-    g[0] = Some(if tiles { max_pool_tiled(cx, &x, &y, &dy, &geo) } else { max_pool_windows(cx, &x, &y, &dy, &geo) });
     Ok(g)
+}
+
+/// Whether the gradient of this MaxPool scatters dY at the pool's own indices
+/// ([`max_pool_scatter`]), for which the training forward gives it its `Indices` output:
+/// not for overlapping windows before opset 16 (`ScatterElements` cannot add yet), not
+/// for pools whose strides are all 1 (onnx.reference 1.23 numbers their indices wrongly:
+/// a 2×2 stride-1 pool of a 4×5 map gives 2 where ONNX Runtime and tract give 5, and
+/// every rule must run there), and not with column-major indices (`storage_order` 1).
+pub fn max_pool_scatters(node: &Node, opset: i64) -> Result<bool> {
+    let kernel = node.attr_ints("kernel_shape")?.ok_or_else(|| AutodiffError::node(node, "kernel_shape is missing"))?;
+    let ones = vec![1; kernel.len()];
+    let strides = node.attr_ints("strides")?.unwrap_or(&ones);
+    let dilations = node.attr_ints("dilations")?.unwrap_or(&ones);
+    if strides.len() != kernel.len() || dilations.len() != kernel.len() {
+        return Err(AutodiffError::node(node, "strides, dilations and kernel_shape differ in length"));
+    }
+    let overlapping = (0..kernel.len()).any(|a| strides[a] < (kernel[a] - 1) * dilations[a] + 1);
+    Ok(node.attr_int("storage_order", 0)? == 0 && strides.iter().any(|&s| s != 1) && (!overlapping || opset >= 16))
+}
+
+/// The max-pool gradient from the pool's own argmax `indices`, at a cost that does not
+/// grow with the window: dY added into zeros of X's size at those indices
+/// (`ScatterElements` along each (n, c) plane). Both engines pick the first maximum of a
+/// window in row-major order (ONNX Runtime and tract compare with a strict `>`), which
+/// is PyTorch's choice for ties. The indices are taken modulo the plane's size: ONNX
+/// numbers them over the whole tensor, and the plane is what the scatter indexes.
+/// Overlapping windows can pick the same position, whose gradients add up
+/// (`reduction="add"`).
+fn max_pool_scatter(cx: &mut RuleCx<'_>, x: &str, indices: &str, dy: &str, geo: &Geometry) -> String {
+    let w = &geo.window;
+    let overlapping = (0..geo.axes()).any(|a| w.strides[a] < geo.extent(a));
+    let plane = geo.input.iter().product::<usize>() as i64;
+    let plane_size = cx.e.int_scalar(plane);
+    let within = cx.e.op("Mod", &[indices, &plane_size], vec![]);
+    let p = geo.output_size() as i64;
+    let within = cx.e.reshape(&within, &[-1, p]);
+    let updates = cx.e.reshape(dy, &[-1, p]);
+    let planes = cx.e.reshape(x, &[-1, plane]);
+    let zero = cx.e.scalar(0.0);
+    let zeros = cx.e.expand_like(&zero, &planes);
+    let mut attributes = vec![("axis", Attribute::Int(1))];
+    if overlapping {
+        attributes.push(("reduction", Attribute::String(b"add".to_vec())));
+    }
+    let dx = cx.e.op("ScatterElements", &[&zeros, &within, &updates], attributes);
+    cx.e.reshape_like(&dx, x)
 }
 
 /// `[N, C, spatial...]` viewed as `[N·C, 1, spatial...]`: one image per channel, so that
@@ -380,49 +506,6 @@ fn max_pool_windows(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geome
     let one_hot = cx.e.floats(dims, &one_hot);
     let dx = scatter(cx, &routed, &one_hot, geo, 1);
     batch_to_channels(cx, &dx, geo.channels, &geo.input)
-}
-
-/// Non-overlapping windows that tile the input (kernel = stride, no padding, no dilation):
-/// the input viewed as `[N, C, out₁, k₁, out₂, k₂...]` is compared with Y broadcast over
-/// the kernel axes; rows and columns no window covers get zeros.
-fn max_pool_tiled(cx: &mut RuleCx<'_>, x: &str, y: &str, dy: &str, geo: &Geometry) -> String {
-    let n = geo.axes();
-    let w = &geo.window;
-    let c = geo.channels as i64;
-    let covered: Vec<usize> = (0..n).map(|a| geo.output[a] * w.kernel[a]).collect();
-    let xc = if covered == geo.input {
-        x.to_string()
-    } else {
-        let starts = cx.e.ints(&vec![0; n]);
-        let ends = cx.e.ints(&covered.iter().map(|&v| v as i64).collect::<Vec<_>>());
-        let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
-        cx.e.op("Slice", &[x, &starts, &ends, &axes], vec![])
-    };
-    let mut split = vec![-1, c];
-    let mut single = vec![-1, c];
-    let mut merged = vec![-1, c];
-    for ((&out, &k), &size) in geo.output.iter().zip(&w.kernel).zip(&covered) {
-        split.extend([out as i64, k as i64]);
-        single.extend([out as i64, 1]);
-        merged.push(size as i64);
-    }
-    let xr = cx.e.reshape(&xc, &split);
-    let yr = cx.e.reshape(y, &single);
-    let dyr = cx.e.reshape(dy, &single);
-    let mask = cx.e.op("Equal", &[&xr, &yr], vec![]);
-    // Row-major position inside the window, laid out on the kernel axes [.., 1, k₁, 1, k₂..].
-    let mut order_dims = vec![1, 1];
-    for &k in &w.kernel {
-        order_dims.extend([1, k]);
-    }
-    let order: Vec<f64> = (0..geo.kernel_size()).map(|j| j as f64).collect();
-    let window_axes: Vec<i64> = (0..n as i64).map(|a| 3 + 2 * a).collect();
-    let mask = first_max(cx, &mask, order_dims, order, &window_axes);
-    let zero = cx.e.scalar(0.0);
-    let routed = cx.e.op("Where", &[&mask, &dyr, &zero], vec![]);
-    let routed = cx.e.reshape(&routed, &merged);
-    let missing: Vec<usize> = (0..n).map(|a| geo.input[a] - covered[a]).collect();
-    pad_spatial(cx, &routed, &vec![0; n], &missing, None)
 }
 
 /// dX = scatter of dY / count, where count is each window's divisor: its elements inside

@@ -16,7 +16,8 @@ pub(crate) fn size(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(DataType::Int64, vec![])])
 }
 
-pub(crate) fn scatter_nd(cx: &Cx<'_>) -> Result<Outputs> {
+/// `ScatterND` and `ScatterElements`: the data's type and shape.
+pub(crate) fn scatter(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, data) = cx.input(0)?;
     Ok(vec![(dtype, data.clone())])
 }

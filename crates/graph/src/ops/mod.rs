@@ -204,7 +204,8 @@ pub static OPS: &[OpSpec] = &[
     op("Split", 1..=2, 1..=ANY, ly::split, Zero, Never(SeveralOutputs), None),
     op("Squeeze", 1..=2, 1..=1, ly::squeeze, Zero, Values(ev::same_values), Some(ly::same_value)),
     op("Transpose", 1..=1, 1..=1, ly::transpose, Zero, Values(ev::transpose), None),
-    op("ScatterND", 3..=3, 1..=1, ly::scatter_nd, Zero, Never(NotNeeded), None),
+    op("ScatterElements", 3..=3, 1..=1, ly::scatter, Zero, Never(NotNeeded), None),
+    op("ScatterND", 3..=3, 1..=1, ly::scatter, Zero, Never(NotNeeded), None),
     op("Unsqueeze", 1..=2, 1..=1, ly::unsqueeze, Zero, Values(ev::same_values), Some(ly::same_value)),
     // Constants and shape computations.
     op("Constant", 0..=0, 1..=1, ly::constant, Zero, Values(ev::constant), None),
