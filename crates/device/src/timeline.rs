@@ -164,10 +164,7 @@ pub fn draw_schedule(steps: &[StepTimes], title: &str, path: &Path) -> Result<()
     if bars.is_empty() {
         return Err(fail("no timestamps were recorded".into()));
     }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("schedule.png");
-    let partial = path.with_file_name(format!(".{name}.partial.png"));
-    render(&partial, (1400, 420), |root| draw(&bars, title, root)).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
+    render(path, (1400, 420), |root| draw(&bars, title, root)).map_err(|e| fail(e.to_string()))
 }
 
 /// One update's measured time, and the time predicted for it (by `--adapt`'s planner).
@@ -189,10 +186,7 @@ pub fn draw_step_times(steps: &[StepTime], decisions: &[(u64, String)], title: &
     if steps.is_empty() {
         return Err(fail("no step was measured".into()));
     }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("steps.png");
-    let partial = path.with_file_name(format!(".{name}.partial.png"));
-    render(&partial, (1100, 480), |root| draw_steps(steps, decisions, title, root)).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
+    render(path, (1100, 480), |root| draw_steps(steps, decisions, title, root)).map_err(|e| fail(e.to_string()))
 }
 
 fn draw_steps(steps: &[StepTime], decisions: &[(u64, String)], title: &str, root: Canvas<'_>) -> DrawResult {

@@ -58,11 +58,7 @@ pub fn plot_training_with_decisions(
 ) -> Result<()> {
     let fail = |message: String| TrainError::Plot { path: path.into(), message };
     ensure_font().map_err(fail)?;
-    // Drawn next to the target and renamed over it, so a reader never sees half a PNG.
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("plot.png");
-    let partial = path.with_file_name(format!(".{name}.partial.png"));
-    render(&partial, (1200, 480), |root| draw(records, decisions, title, root)).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&partial, path).map_err(|e| fail(format!("cannot rename {}: {e}", partial.display())))
+    render(path, (1200, 480), |root| draw(records, decisions, title, root)).map_err(|e| fail(e.to_string()))
 }
 
 /// What drawing a chart returns: plotters' errors and the PNG writer's, boxed alike.
@@ -72,11 +68,12 @@ pub type DrawResult = std::result::Result<(), Box<dyn std::error::Error>>;
 pub type Canvas<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
 
 /// Draws a `width` x `height` chart with `draw` into an RGB buffer and writes it to `path`
-/// as PNG.
+/// as PNG, atomically (a temporary file renamed over it), so a reader never sees half a
+/// PNG and a failed drawing leaves the previous plot in place.
 pub fn render(path: &Path, (width, height): (u32, u32), draw: impl FnOnce(Canvas<'_>) -> DrawResult) -> DrawResult {
     let mut rgb = vec![0u8; width as usize * height as usize * 3];
     draw(BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area())?;
-    crate::png::write_rgb(path, width, height, &rgb)?;
+    edgefreeze_graph::save::write_atomically(path, &crate::png::encode_rgb(width, height, &rgb)?)?;
     Ok(())
 }
 

@@ -7,7 +7,6 @@
 use flate2::write::ZlibEncoder;
 use flate2::{Compression, Crc};
 use std::io::{self, Write};
-use std::path::Path;
 
 const SIGNATURE: &[u8; 8] = b"\x89PNG\r\n\x1a\n";
 
@@ -36,11 +35,6 @@ pub fn encode_rgb(width: u32, height: u32, rgb: &[u8]) -> io::Result<Vec<u8>> {
     chunk(&mut png, b"IDAT", &zlib.finish()?);
     chunk(&mut png, b"IEND", &[]);
     Ok(png)
-}
-
-/// Encodes `rgb` and writes it to `path`.
-pub fn write_rgb(path: &Path, width: u32, height: u32, rgb: &[u8]) -> io::Result<()> {
-    std::fs::write(path, encode_rgb(width, height, rgb)?)
 }
 
 /// Appends one chunk: big-endian length, type, data, and the CRC-32 of type and data.
