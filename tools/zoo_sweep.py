@@ -311,32 +311,28 @@ def pool_near_ties(model, x):
     with a near-tie, "closest": (module, gap, float32 error) of the smallest gap/error}."""
     if x.dtype == torch.int64:
         return {"windows": 0, "pools": [], "closest": None}
-    inputs = {}
+    # The pool inputs of a float64 and a float32 copy, by module name.
+    inputs = {"f64": {}, "f32": {}}
+    modules = {}
 
-    def record(tag):
-        def hook(mod, inp, _out):
-            inputs.setdefault(tag, {})[mod] = inp[0].detach().to(torch.float64).clone()
+    def record(seen, name):
+        def hook(_mod, inp, _out):
+            seen[name] = inp[0].detach().to(torch.float64).clone()
         return hook
 
-    copies = {}
     for tag, dtype in (("f64", torch.float64), ("f32", torch.float32)):
         m = copy.deepcopy(model).to(dtype)
         m.train()
-        names = {}
         for name, mod in m.named_modules():
             if isinstance(mod, nn.MaxPool2d):
-                mod.register_forward_hook(record(tag))
-                names[mod] = name
+                mod.register_forward_hook(record(inputs[tag], name))
+                modules[name] = mod
         with torch.no_grad():
             m(x.to(dtype))
-        copies[tag] = names
-    by_name64 = {copies["f64"][mod]: t for mod, t in inputs.get("f64", {}).items()}
-    by_name32 = {copies["f32"][mod]: t for mod, t in inputs.get("f32", {}).items()}
-    pools64 = {name: mod for mod, name in copies["f64"].items()}
     count, pools, closest = 0, [], None
-    for name, a64 in by_name64.items():
-        mod = pools64[name]
-        noise = float((by_name32[name] - a64).abs().max())
+    for name, a64 in inputs["f64"].items():
+        mod = modules[name]
+        noise = float((inputs["f32"][name] - a64).abs().max())
         k, s, p, d = (nn.modules.utils._pair(v) for v in (mod.kernel_size, mod.stride or mod.kernel_size,
                                                           mod.padding, mod.dilation))
         pads = []
