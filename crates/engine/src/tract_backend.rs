@@ -53,7 +53,9 @@ fn compile(model: &[u8]) -> Result<Compiled, EngineError> {
         .collect();
     // tract's decluttering passes propagate "regions of interest" whose symbolic
     // expressions grow exponentially on deep training graphs (a residual block per
-    // union), so training graphs are typed and code-generated without them.
+    // union), so the generic plan, which keeps the batch symbolic, is typed and
+    // code-generated without them; the plans run in practice bind the batch first and
+    // are fully optimised (`optimise_concrete`).
     let typed = inference.into_typed().map_err(err)?;
     let mut symbolic_dims = Vec::new();
     for (ix, outlet) in typed.input_outlets().map_err(err)?.iter().enumerate() {
