@@ -149,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--min-seconds", type=float, default=2.0, help="minimum total timed seconds per case")
     ap.add_argument("--out", default=None, help="write the JSON here instead of stdout")
     args = ap.parse_args(argv)
-    specs = {s.name: s for s in em.SPECS}
+    specs = {s.name: s for s in em.SPECS + em.BENCH_SPECS}
     unknown = [m for m in args.models if m not in specs]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; known: {', '.join(specs)}")

@@ -3,7 +3,7 @@
 
 use crate::train::engine_settings;
 use anyhow::{Context, Result, bail};
-use edgefreeze_train::bench::{BenchOptions, BenchResult, bench_training};
+use edgefreeze_train::bench::{BenchOptions, BenchResult, ProfileResult, bench_training, profile_training};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -48,6 +48,14 @@ pub struct BenchArgs {
     /// prediction, e.g. `0,2,5,8,11`.
     #[arg(long, value_delimiter = ',')]
     pub freeze_depths: Option<Vec<usize>>,
+    /// Instead of throughput: where the step's time goes, by op type, from the engine's
+    /// own per-node times (ONNX Runtime's profiler; tract's per-node timing, counted
+    /// under the ONNX op type each tract node came from).
+    #[arg(long, conflicts_with_all = ["freeze_depths", "pytorch"])]
+    pub profile: bool,
+    /// With --profile: the op types listed per table (the rest are summed in one row).
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
     /// Results file (JSON); a Markdown table is written next to it (`.md`).
     #[arg(long, default_value = "bench-results.json")]
     pub out: PathBuf,
@@ -83,6 +91,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(depths) = &args.freeze_depths {
         return run_depths(args, depths, threads, &options);
     }
+    if args.profile {
+        return run_profile(args, threads, &options);
+    }
     let mut ours: Vec<BenchResult> = Vec::new();
     for model in &args.models {
         let path = args.models_dir.join(format!("{model}.onnx"));
@@ -112,6 +123,56 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     edgefreeze_graph::save::write_atomically(&args.out.with_extension("md"), table.as_bytes())?;
     eprintln!("wrote {} and {}", args.out.display(), args.out.with_extension("md").display());
     Ok(())
+}
+
+/// `bench --profile`: the time per op type of each model, engine and batch.
+fn run_profile(args: &BenchArgs, threads: usize, options: &BenchOptions) -> Result<()> {
+    let mut profiles: Vec<ProfileResult> = Vec::new();
+    let mut text = String::new();
+    for model in &args.models {
+        let path = args.models_dir.join(format!("{model}.onnx"));
+        for engine in &args.engines {
+            let (kind, engine_options) = engine_settings(engine, Some(threads), args.ort_lib.clone())?;
+            for &batch in &args.batches {
+                let p = profile_training(&path, &kind, &engine_options, batch, options)
+                    .with_context(|| format!("profiling {} on {engine} at batch {batch}", path.display()))?;
+                let table = profile_table(&p, args.top);
+                println!("{table}");
+                text.push_str(&table);
+                text.push('\n');
+                profiles.push(p);
+            }
+        }
+    }
+    let json = serde_json::json!({ "threads": threads, "profiles": profiles });
+    edgefreeze_graph::save::write_atomically(&args.out, serde_json::to_string_pretty(&json)?.as_bytes())?;
+    edgefreeze_graph::save::write_atomically(&args.out.with_extension("md"), text.as_bytes())?;
+    eprintln!("wrote {} and {}", args.out.display(), args.out.with_extension("md").display());
+    Ok(())
+}
+
+/// One profile as a Markdown table: the `top` op types by time, then the rest in one row.
+fn profile_table(p: &ProfileResult, top: usize) -> String {
+    let mut lines = vec![
+        format!(
+            "{} on {}, batch {}, {} threads: step {:.2} ms (median of {} profiled), node time {:.2} ms",
+            p.model, p.engine, p.batch, p.threads, p.step_ms_median, p.steps, p.node_ms_per_step
+        ),
+        String::new(),
+        "| op type | ms per step | share | engine nodes |".to_string(),
+        "|---|---:|---:|---:|".to_string(),
+    ];
+    for op in p.ops.iter().take(top) {
+        lines.push(format!("| {} | {:.3} | {:.1}% | {} |", op.op_type, op.ms_per_run, op.share * 100.0, op.nodes));
+    }
+    let rest = &p.ops[top.min(p.ops.len())..];
+    if !rest.is_empty() {
+        let ms: f64 = rest.iter().map(|o| o.ms_per_run).sum();
+        let share: f64 = rest.iter().map(|o| o.share).sum();
+        let nodes: usize = rest.iter().map(|o| o.nodes).sum();
+        lines.push(format!("| {} other op types | {ms:.3} | {:.1}% | {nodes} |", rest.len(), share * 100.0));
+    }
+    lines.join("\n") + "\n"
 }
 
 /// `bench --freeze-depths`: step times per frozen depth against the FLOP model.

@@ -193,7 +193,7 @@ pub fn engine_settings(
     if threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    Ok((kind, EngineOptions { threads, ort_library: ort_lib }))
+    Ok((kind, EngineOptions { threads, ort_library: ort_lib, ..Default::default() }))
 }
 
 /// What `--freeze` asks for.

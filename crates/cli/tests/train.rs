@@ -133,6 +133,62 @@ fn bench_writes_results_for_every_model_engine_and_batch() {
     assert!(table.contains("| lenet5 | 8 |"), "{table}");
 }
 
+/// `bench --profile` on LeNet-5, both engines: the op types its training step is made of
+/// are where the time goes, every node's time counted once.
+#[test]
+fn bench_profile_breaks_the_lenet5_step_down_by_op_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("profile.json");
+    let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let out = edgefreeze(&[
+        "bench",
+        "--profile",
+        "--models",
+        "lenet5",
+        "--models-dir",
+        models.to_str().unwrap(),
+        "--batches",
+        "8",
+        "--engines",
+        "tract,ort:cpu",
+        "--warmup",
+        "1",
+        "--steps",
+        "3",
+        "--min-seconds",
+        "0",
+        "--threads",
+        "1",
+        "--top",
+        "4",
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&results).unwrap()).unwrap();
+    let profiles = json["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2);
+    for p in profiles {
+        // The warm-up step is left out.
+        assert_eq!(p["steps"].as_u64(), Some(3), "{p}");
+        let ops = p["ops"].as_array().unwrap();
+        let share: f64 = ops.iter().map(|o| o["share"].as_f64().unwrap()).sum();
+        assert!((share - 1.0).abs() < 1e-9, "shares sum to {share}: {p}");
+        let ms: f64 = ops.iter().map(|o| o["ms_per_run"].as_f64().unwrap()).sum();
+        let node_ms = p["node_ms_per_step"].as_f64().unwrap();
+        assert!(node_ms > 0.0 && (ms - node_ms).abs() <= 1e-9 * node_ms.max(1.0), "{p}");
+        // Nodes run inside the step: their summed time cannot exceed it by more than
+        // the spread between a mean and a median of three steps.
+        assert!(node_ms <= 1.5 * p["step_ms_median"].as_f64().unwrap(), "{p}");
+        let types: Vec<&str> = ops.iter().map(|o| o["op_type"].as_str().unwrap()).collect();
+        assert!(types.iter().any(|t| t.contains("Conv")), "no convolution among {types:?}");
+        assert!(types.contains(&"MaxPool") || types.contains(&"ScatterElements"), "{types:?}");
+    }
+    let table = std::fs::read_to_string(results.with_extension("md")).unwrap();
+    assert!(table.contains("lenet5 on tract, batch 8") && table.contains("lenet5 on ort:cpu, batch 8"), "{table}");
+    assert!(table.contains("other op types |"), "the rest beyond --top 4 is summed: {table}");
+}
+
 fn train_lenet5(out: &Path, extra: &[&str]) -> Output {
     let (model, out) = (model("lenet5.onnx").display().to_string(), out.display().to_string());
     let mut args = vec![

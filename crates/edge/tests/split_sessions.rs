@@ -11,7 +11,7 @@ const LR: f64 = 0.5;
 
 fn run(bytes: &[u8], feeds: &[(&str, &Value)]) -> Vec<(String, Value)> {
     let mut s =
-        edgefreeze_engine::load(&EngineKind::Tract, bytes, &EngineOptions { threads: Some(1), ort_library: None })
+        edgefreeze_engine::load(&EngineKind::Tract, bytes, &EngineOptions { threads: Some(1), ..Default::default() })
             .unwrap();
     let names = s.output_names().to_vec();
     names.into_iter().zip(s.run(feeds).unwrap()).collect()

@@ -8,11 +8,13 @@
 
 mod error;
 pub mod ort_backend;
+pub mod profile;
 pub mod tract_backend;
 mod value;
 pub mod workspace;
 
 pub use error::EngineError;
+pub use profile::{NodeTime, OpTypeTime, Profile};
 pub use value::Value;
 pub use workspace::{GraphId, StateUpdates, Workspace, workspace};
 
@@ -75,6 +77,14 @@ pub struct EngineOptions {
     pub threads: Option<usize>,
     /// The ONNX Runtime library; `None` uses `ORT_DYLIB_PATH`, then the Python wheel.
     pub ort_library: Option<PathBuf>,
+    /// Record the time of every node of every run, for [`Workspace::take_profile`]
+    /// (ONNX Runtime's profiler; tract times each node it evaluates). Off by default: it
+    /// costs time and, on ONNX Runtime, a trace file until the profile is taken.
+    pub profile: bool,
+    /// tract only: always run the generic plan, compiled once with the batch symbolic,
+    /// instead of a fully optimised plan per batch size. For comparing the two, and a
+    /// way around a tract optimisation that misbehaves on some graph.
+    pub tract_generic_plan: bool,
 }
 
 /// A loaded graph, ready to run.

@@ -1,7 +1,8 @@
 //! The ONNX Runtime engine, loaded dynamically from the library of the PyPI wheel.
 
 use crate::workspace::{
-    GraphId, StateUpdates, Workspace, check_updates, loaded, loaded_mut, missing_input, missing_state, unload,
+    GraphId, StateUpdates, Workspace, check_updates, loaded, loaded_mut, missing_input, missing_state, not_profiled,
+    unload,
 };
 use crate::{EngineError, EngineOptions, Provider, Session, Value};
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
@@ -103,10 +104,21 @@ fn build_session(model: &[u8], provider: Provider, options: &EngineOptions) -> R
         .with_intra_threads(threads)
         .map_err(ort_err)?;
     builder = register_provider(builder, provider, library)?;
+    if options.profile {
+        builder = builder.with_profiling(profile_prefix()).map_err(ort_err)?;
+    }
     let session = builder.commit_from_memory(model).map_err(ort_err)?;
     let inputs = session.inputs().iter().map(|o| o.name().to_string()).collect();
     let outputs = session.outputs().iter().map(|o| o.name().to_string()).collect();
     Ok((session, inputs, outputs))
+}
+
+/// A fresh path prefix for one session's profiler trace (ONNX Runtime appends the time
+/// and `.json`); the trace is read and removed when the profile is taken.
+fn profile_prefix() -> PathBuf {
+    static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("edgefreeze-ort-profile-{}-{n}", std::process::id()))
 }
 
 fn register_provider(
@@ -268,6 +280,8 @@ struct BoundGraph {
     /// Where each output is to be allocated.
     memory: Vec<MemoryInfo<'static>>,
     updates: StateUpdates,
+    /// Whether the session is profiling (until its profile is taken).
+    profiling: bool,
 }
 
 /// A [`Workspace`] on ONNX Runtime: state tensors are ONNX Runtime values on the
@@ -303,7 +317,8 @@ impl Workspace for OrtWorkspace {
         for name in &outputs {
             memory.push(self.memory(updates.state_of(name).is_some())?);
         }
-        self.graphs.push(Some(BoundGraph { session, binding, inputs, outputs, memory, updates }));
+        let profiling = self.options.profile;
+        self.graphs.push(Some(BoundGraph { session, binding, inputs, outputs, memory, updates, profiling }));
         Ok(GraphId(self.graphs.len() - 1))
     }
 
@@ -323,6 +338,24 @@ impl Workspace for OrtWorkspace {
 
     fn loaded_graphs(&self) -> usize {
         self.graphs.iter().flatten().count()
+    }
+
+    fn take_profile(&mut self, graph: GraphId) -> Result<crate::Profile, EngineError> {
+        let g = loaded_mut(&mut self.graphs, graph)?;
+        if !self.options.profile {
+            return Err(not_profiled());
+        }
+        if !g.profiling {
+            return Err(EngineError::Config(
+                "this graph's ONNX Runtime profile was already taken (taking it ends profiling)".into(),
+            ));
+        }
+        g.profiling = false;
+        let path = g.session.end_profiling().map_err(ort_err)?;
+        let trace = std::fs::read_to_string(&path)
+            .map_err(|e| EngineError::Ort(format!("cannot read ONNX Runtime's profile {path}: {e}")));
+        let _ = std::fs::remove_file(&path); // a leftover temporary file is harmless
+        crate::profile::parse_ort_trace(&trace?)
     }
 
     fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {

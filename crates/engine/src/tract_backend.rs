@@ -1,10 +1,17 @@
 //! The tract engine: pure Rust, no native library.
 
-use crate::workspace::{GraphId, StateUpdates, Workspace, check_updates, loaded, missing_input, missing_state, unload};
+use crate::profile::{NodeTime, OpTypes, Profile};
+use crate::workspace::{
+    GraphId, StateUpdates, Workspace, check_updates, loaded, missing_input, missing_state, not_profiled, unload,
+};
 use crate::{EngineError, EngineOptions, Session, Value};
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
 use tract_linalg::multithread::{Executor, multithread_tract_scope};
 use tract_onnx::prelude::*;
+use tract_onnx::tract_core::ops::OpState;
+use tract_onnx::tract_core::plan::EvalContext;
 
 type Plan = std::sync::Arc<TypedSimplePlan>;
 
@@ -25,7 +32,27 @@ struct Compiled {
     symbolic_dims: Vec<(usize, usize, Symbol)>,
     /// Fully optimised plans (decluttered, then code-generated) per binding of the
     /// symbols, in `symbolic_dims` order; `None` where optimising failed.
-    concrete: std::sync::Mutex<HashMap<Vec<i64>, Option<Plan>>>,
+    concrete: Mutex<HashMap<Vec<i64>, Option<Plan>>>,
+    /// Run the generic plan only ([`EngineOptions::tract_generic_plan`]).
+    generic_only: bool,
+    /// Where the node times of each run go, when profiling.
+    profile: Option<Recorder>,
+}
+
+/// Node times of the runs so far, named after the ONNX nodes they came from.
+struct Recorder {
+    op_types: OpTypes,
+    runs: Mutex<Vec<Vec<NodeTime>>>,
+}
+
+impl Recorder {
+    fn node_time(&self, node: &TypedNode, micros: f64) -> NodeTime {
+        let op_type = match self.op_types.of_node(&node.name) {
+            Some(op) => op.to_string(),
+            None => format!("tract:{}", node.op.name()),
+        };
+        NodeTime { node: node.name.clone(), op_type, micros }
+    }
 }
 
 fn err(e: impl std::fmt::Display) -> EngineError {
@@ -42,8 +69,12 @@ fn executor(options: &EngineOptions) -> Executor {
 
 /// Loads and optimises a model. Symbolic dimensions (the batch) stay symbolic and are
 /// bound at each run.
-fn compile(model: &[u8]) -> Result<Compiled, EngineError> {
-    let inference = tract_onnx::onnx().model_for_read(&mut &*model).map_err(err)?;
+fn compile(model: &[u8], options: &EngineOptions) -> Result<Compiled, EngineError> {
+    let onnx = tract_onnx::onnx();
+    let proto = onnx.proto_model_for_read(&mut &*model).map_err(err)?;
+    let inference = onnx.model_for_proto_model(&proto).map_err(err)?;
+    let profile =
+        options.profile.then(|| Recorder { op_types: OpTypes::of_model(&proto), runs: Mutex::new(Vec::new()) });
     let inputs = inference.input_outlets().map_err(err)?.iter().map(|o| inference.node(o.node).name.clone()).collect();
     let outputs = inference
         .output_outlets()
@@ -76,6 +107,8 @@ fn compile(model: &[u8]) -> Result<Compiled, EngineError> {
         typed: std::sync::Arc::new(typed),
         symbolic_dims,
         concrete: Default::default(),
+        generic_only: options.tract_generic_plan,
+        profile,
     })
 }
 
@@ -94,6 +127,9 @@ impl Compiled {
     /// batch, makes its own); the generic plan where optimising failed or an input's
     /// shape does not bind its symbols consistently (tract then reports the mismatch).
     fn plan_for(&self, inputs: &TVec<TValue>) -> Plan {
+        if self.generic_only {
+            return self.plan.clone();
+        }
         let mut key = Vec::with_capacity(self.symbolic_dims.len());
         let mut bindings = HashMap::new();
         for (ix, axis, sym) in &self.symbolic_dims {
@@ -125,7 +161,23 @@ impl Compiled {
             // of a run, done here, keep it for `bind_symbols`.
             let mut state = plan.spawn()?;
             state.set_inputs(inputs)?;
-            state.exec()?;
+            match &self.profile {
+                None => state.exec()?,
+                Some(recorder) => {
+                    let mut nodes = Vec::new();
+                    state.exec_plan_with_eval(
+                        |ctx: &EvalContext, op_state: Option<&mut (dyn OpState + 'static)>, node: &TypedNode, input| {
+                            let started = Instant::now();
+                            let outputs = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
+                            if !node.op_is::<tract_onnx::tract_core::ops::source::TypedSource>() {
+                                nodes.push(recorder.node_time(node, started.elapsed().as_secs_f64() * 1e6));
+                            }
+                            outputs
+                        },
+                    )?;
+                    recorder.runs.lock().unwrap_or_else(|p| p.into_inner()).push(nodes);
+                }
+            }
             let outputs = state.outputs()?;
             let symbols = &state.turn_state.resolved_symbols;
             outputs.into_iter().map(|t| bind_symbols(t, symbols)).collect::<TractResult<TVec<TValue>>>()
@@ -149,7 +201,7 @@ fn bind_symbols(t: TValue, symbols: &SymbolValues) -> TractResult<TValue> {
 impl TractSession {
     /// Loads and optimises a model; runs use `options.threads` threads.
     pub fn load(model: &[u8], options: &EngineOptions) -> Result<TractSession, EngineError> {
-        Ok(TractSession { graph: compile(model)?, executor: executor(options) })
+        Ok(TractSession { graph: compile(model, options)?, executor: executor(options) })
     }
 }
 
@@ -160,18 +212,24 @@ pub struct TractWorkspace {
     graphs: Vec<Option<(Compiled, StateUpdates)>>,
     store: HashMap<String, TValue>,
     executor: Executor,
+    options: EngineOptions,
 }
 
 impl TractWorkspace {
     /// An empty workspace.
     pub fn new(options: &EngineOptions) -> TractWorkspace {
-        TractWorkspace { graphs: Vec::new(), store: HashMap::new(), executor: executor(options) }
+        TractWorkspace {
+            graphs: Vec::new(),
+            store: HashMap::new(),
+            executor: executor(options),
+            options: options.clone(),
+        }
     }
 }
 
 impl Workspace for TractWorkspace {
     fn load_graph(&mut self, model: &[u8], updates: StateUpdates) -> Result<GraphId, EngineError> {
-        let compiled = compile(model)?;
+        let compiled = compile(model, &self.options)?;
         check_updates(&updates, &compiled.outputs)?;
         self.graphs.push(Some((compiled, updates)));
         Ok(GraphId(self.graphs.len() - 1))
@@ -191,6 +249,12 @@ impl Workspace for TractWorkspace {
 
     fn loaded_graphs(&self) -> usize {
         self.graphs.iter().flatten().count()
+    }
+
+    fn take_profile(&mut self, graph: GraphId) -> Result<Profile, EngineError> {
+        let recorder = loaded(&self.graphs, graph)?.0.profile.as_ref().ok_or_else(not_profiled)?;
+        let runs = std::mem::take(&mut *recorder.runs.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(Profile { runs })
     }
 
     fn set_state(&mut self, name: &str, value: Value) -> Result<(), EngineError> {

@@ -77,6 +77,12 @@ pub trait Workspace: Send {
     fn unload_graph(&mut self, graph: GraphId) -> Result<(), EngineError>;
     /// Graphs loaded and not unloaded.
     fn loaded_graphs(&self) -> usize;
+    /// The node times of the runs of `graph` so far, where the workspace was made with
+    /// [`EngineOptions::profile`](crate::EngineOptions::profile) (an error otherwise).
+    /// ONNX Runtime writes its trace only when profiling ends, so on it this ends the
+    /// graph's profiling: later runs are not recorded and a second call is an error.
+    /// tract goes on recording, and each call returns the runs since the previous one.
+    fn take_profile(&mut self, graph: GraphId) -> Result<crate::Profile, EngineError>;
 }
 
 /// The loaded graph `id` of a backend's table, or the error naming it.
@@ -92,6 +98,11 @@ pub(crate) fn loaded_mut<T>(graphs: &mut [Option<T>], id: GraphId) -> Result<&mu
 /// Takes graph `id` out of a backend's table, leaving its slot empty.
 pub(crate) fn unload<T>(graphs: &mut [Option<T>], id: GraphId) -> Result<(), EngineError> {
     graphs.get_mut(id.0).and_then(Option::take).map(drop).ok_or_else(|| not_loaded(id))
+}
+
+/// The error for asking a workspace made without profiling for a profile.
+pub(crate) fn not_profiled() -> EngineError {
+    EngineError::Config("this workspace was made without profiling (EngineOptions::profile)".into())
 }
 
 fn not_loaded(id: GraphId) -> EngineError {

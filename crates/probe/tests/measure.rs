@@ -26,7 +26,7 @@ fn settings() -> ProbeSettings {
         micro_batches: vec![1, 4],
         reps: 3,
         link_reps: 3,
-        engine_options: EngineOptions { threads: Some(1), ort_library: None },
+        engine_options: EngineOptions { threads: Some(1), ..Default::default() },
         ..ProbeSettings::new(64)
     }
 }
@@ -40,7 +40,7 @@ fn edge_server_with(limits: edgefreeze_wire::Limits) -> (String, tokio::runtime:
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut config = EdgeConfig::new(edgefreeze_edge::side::split_builder());
     config.limits = limits;
-    config.engine_options = EngineOptions { threads: Some(1), ort_library: None };
+    config.engine_options = EngineOptions { threads: Some(1), ..Default::default() };
     config.log = edgefreeze_edge::Log::to(|_| {});
     let tokens = TokenTable::parse(&format!("phone {TOKEN}\n"), "test tokens").unwrap();
     let server = runtime.block_on(EdgeServer::start(config, tokens, "127.0.0.1:0")).unwrap();

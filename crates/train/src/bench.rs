@@ -118,6 +118,89 @@ pub fn bench_training(
     batch: usize,
     options: &BenchOptions,
 ) -> Result<BenchResult> {
+    let mut prepared = prepare(model_path, engine, engine_options, batch)?;
+    let memory = StepMemory::start();
+    let (steps, median) = prepared.time(options)?;
+    let step_peak_mib = memory.and_then(|m| m.peak_mib());
+    Ok(BenchResult {
+        model: prepared.model_name,
+        engine: engine.to_string(),
+        batch,
+        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
+        steps,
+        step_ms_median: median * 1e3,
+        samples_per_s: batch as f64 / median,
+        step_peak_mib,
+    })
+}
+
+/// Where the time of a training step goes, by op type.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ProfileResult {
+    /// Model name (file stem).
+    pub model: String,
+    /// Engine.
+    pub engine: String,
+    /// Batch size.
+    pub batch: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Profiled steps (after the warm-up ones, which are left out).
+    pub steps: usize,
+    /// Median step time while profiling (a little above an unprofiled step's).
+    pub step_ms_median: f64,
+    /// The node times summed, per step: the step less what lies between nodes.
+    pub node_ms_per_step: f64,
+    /// Op types by decreasing time.
+    pub ops: Vec<edgefreeze_engine::OpTypeTime>,
+}
+
+/// [`bench_training`]'s steps with the engine's profiler on: the time per op type of the
+/// steps after the warm-up.
+pub fn profile_training(
+    model_path: &Path,
+    engine: &EngineKind,
+    engine_options: &EngineOptions,
+    batch: usize,
+    options: &BenchOptions,
+) -> Result<ProfileResult> {
+    let engine_options = EngineOptions { profile: true, ..engine_options.clone() };
+    let mut prepared = prepare(model_path, engine, &engine_options, batch)?;
+    let (steps, median) = prepared.time(options)?;
+    let profile = prepared.ws.take_profile(prepared.graph)?;
+    // Every run so far was a step: the warm-up ones first.
+    let skip = profile.runs.len().saturating_sub(steps);
+    Ok(ProfileResult {
+        model: prepared.model_name,
+        engine: engine.to_string(),
+        batch,
+        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
+        steps: profile.runs.len() - skip,
+        step_ms_median: median * 1e3,
+        node_ms_per_step: profile.node_ms_per_run(skip),
+        ops: profile.by_op_type(skip),
+    })
+}
+
+/// A training-step graph loaded with its state, and a synthetic batch for it.
+struct Prepared {
+    model_name: String,
+    ws: Box<dyn edgefreeze_engine::Workspace>,
+    graph: edgefreeze_engine::GraphId,
+    input_name: String,
+    input: Value,
+    labels: Value,
+}
+
+impl Prepared {
+    fn time(&mut self, options: &BenchOptions) -> Result<(usize, f64)> {
+        let feeds = [(self.input_name.as_str(), &self.input), ("labels", &self.labels)];
+        time_steps(self.ws.as_mut(), self.graph, &feeds, options)
+    }
+}
+
+/// Converts an inference model with the benchmark's recipe and loads its training step.
+fn prepare(model_path: &Path, engine: &EngineKind, engine_options: &EngineOptions, batch: usize) -> Result<Prepared> {
     let model = edgefreeze_graph::import(model_path)?;
     let spec = TrainingSpec {
         loss: Loss::CrossEntropy { label_smoothing: 0.0 },
@@ -135,19 +218,13 @@ pub fn bench_training(
         ws.set_state(name, value_from_tensor(name, tensor)?)?;
     }
     let (input, labels) = synthetic_batch(&model, batch)?;
-    let input_name = model.graph.inputs[0].name.clone();
-    let memory = StepMemory::start();
-    let (steps, median) = time_steps(ws.as_mut(), graph, &[(&input_name, &input), ("labels", &labels)], options)?;
-    let step_peak_mib = memory.and_then(|m| m.peak_mib());
-    Ok(BenchResult {
-        model: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
-        engine: engine.to_string(),
-        batch,
-        threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
-        steps,
-        step_ms_median: median * 1e3,
-        samples_per_s: batch as f64 / median,
-        step_peak_mib,
+    Ok(Prepared {
+        model_name: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
+        ws,
+        graph,
+        input_name: model.graph.inputs[0].name.clone(),
+        input,
+        labels,
     })
 }
 

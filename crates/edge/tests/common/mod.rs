@@ -59,7 +59,7 @@ impl Lines {
 pub fn config(builder: SideBuilder, lines: &Lines) -> EdgeConfig {
     let mut config = EdgeConfig::new(builder);
     config.engine = EngineKind::Tract;
-    config.engine_options = EngineOptions { threads: Some(1), ort_library: None };
+    config.engine_options = EngineOptions { threads: Some(1), ..Default::default() };
     config.log = lines.log();
     config
 }
@@ -235,7 +235,7 @@ pub fn local_gradients(model: &str, input: &[f32], shape: &[usize], labels: &[i6
     let parameters = edgefreeze_graph::analysis::parameter_names(&imported.graph);
     let bytes = edgefreeze_graph::save::encode_model(&grad);
     let mut session =
-        edgefreeze_engine::load(&EngineKind::Tract, &bytes, &EngineOptions { threads: Some(1), ort_library: None })
+        edgefreeze_engine::load(&EngineKind::Tract, &bytes, &EngineOptions { threads: Some(1), ..Default::default() })
             .unwrap();
     let x = Value::F32(ndarray::ArrayD::from_shape_vec(shape.to_vec(), input.to_vec()).unwrap());
     let y = Value::I64(ndarray::ArrayD::from_shape_vec(vec![labels.len()], labels.to_vec()).unwrap());
