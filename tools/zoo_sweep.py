@@ -508,7 +508,7 @@ def first_line(text: str) -> str:
     return msg.replace("|", "\\|")[:300]
 
 
-def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, check_f64=False):
+def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, check_f64=False, check_branches=False):
     row = {"model": name, "exporter": exporter}
     work = os.path.join(out_dir, f"{name}.{exporter}")
     os.makedirs(work, exist_ok=True)
@@ -570,7 +570,28 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, chec
         row["f64"] = {"error": err, "tensor": tensor, "seconds": seconds}
         row["sensitivity"] = kink_sensitivity(model, x, y, g64)
         row["near_ties"] = pool_near_ties(model, x)
+    if check_branches:
+        row["branch"] = branch_row(conv, model_path, model, x, y)
     return row
+
+
+def branch_row(conv, model_path, model, x, y):
+    """`tools/branch_check.py` on one converted model: our float32 gradients against float64
+    with our run's ReLU, ReLU6 and max-pool decisions imposed; or why it could not run."""
+    import branch_check as bc
+
+    mapping = onnx_param_names(model_path, dict(model.named_parameters()))
+    start = time.time()
+    try:
+        result = bc.branch_check(
+            conv, model_path, model, x, y,
+            feeds_for=lambda names: grad_feeds(names, model_path, model, x, y)[0],
+            grads_from=lambda outs: grads_by_torch_name(outs, mapping),
+            torch_grads=torch_grads, compare=compare)
+    except Exception as exc:  # a model whose branches cannot be paired, say
+        return {"error": f"{type(exc).__name__}: {first_line(str(exc))}"}
+    result["seconds"] = time.time() - start
+    return result
 
 
 def fmt(v, spec):
@@ -614,10 +635,26 @@ FINDINGS = FINDINGS_HEADING + """
 F64_MATCH = 1e-10
 
 
+def branch_summary(b) -> str:
+    """How many branch decisions float64 makes differently from our float32 run."""
+    parts = [f"{d['differ']} of {d['total']} {BRANCH_WORDS[k]}" for k, d in sorted(b["decisions"].items())]
+    return ", ".join(parts)
+
+
+BRANCH_WORDS = {"relu": "ReLU inputs", "clip": "ReLU6 inputs", "maxpool": "max-pool windows"}
+
+
 def gradient_verdict(r) -> str:
     """The gradient column: the float32 verdict, and for a row that is off, what the float64
-    check found."""
+    check and the branch check found."""
     verdict = r.get("gradient", "")
+    b = r.get("branch")
+    if b and r.get("failing") and "error" not in b:
+        if b["failing"] == 0:
+            verdict += (f"; with our float32 run's branches imposed on float64 ({branch_summary(b)} decided "
+                        f"differently), every tensor within tolerance (see \"Float32 on its own branches\")")
+        else:
+            verdict += f"; {b['failing']} of {b['tensors']} off even on our float32 run's own branches"
     f = r.get("f64")
     ties = (r.get("near_ties") or {}).get("windows", 0)
     if f and r.get("failing"):
@@ -664,8 +701,63 @@ def write_table(rows, path, command):
             gradient_verdict(r), worst, fmt(r.get("convert_s"), ".1f"), fmt(r.get("convert_mb"), ".0f"),
             str(r.get("forward_nodes", "")), str(r.get("grad_nodes", "")), str(r.get("step_nodes", "")),
         ]) + " |")
+    old = open(path).read() if os.path.exists(path) else ""
+    # Sections written by hand after the table ("The five large models") stay.
+    out += hand_written_sections(old)
     out += ["", FINDINGS]
+    out += branch_section([r for r in rows if r.get("branch")])
+    # The sections other runs wrote (convert times, float64) stay as they are.
+    for begin, end in ((TIMES_BEGIN, TIMES_END), (F64_BEGIN, F64_END)):
+        if begin in old and end in old.split(begin, 1)[1]:
+            out += ["", begin + old.split(begin, 1)[1].split(end, 1)[0] + end]
     open(path, "w").write("\n".join(out) + "\n")
+
+
+GENERATED_HEADINGS = (FINDINGS_HEADING, "## Float32 on its own branches", "## Convert time", "## Our gradient graphs")
+
+
+def hand_written_sections(text):
+    """The `## ` sections of an existing table that no part of this tool writes, each up to
+    the next heading or section marker."""
+    out, keep = [], False
+    for line in text.split("\n"):
+        if line.startswith("## ") or line.startswith("<!-- "):
+            keep = line.startswith("## ") and not line.startswith(GENERATED_HEADINGS)
+            if keep:
+                out.append("")
+        if keep:
+            out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return out
+
+
+def branch_section(rows):
+    """The table of the branch checks among `rows` (empty when none ran)."""
+    if not rows:
+        return []
+    out = ["", "## Float32 on its own branches", "",
+           "`--branch-check` (tools/branch_check.py) runs `grad.onnx` on ONNX Runtime with the input of every",
+           "forward `Relu`, `Clip` and `MaxPool` as extra outputs, decides each branch from those float32 values",
+           "as the engines do (ReLU `x > 0`, ReLU6 `0 < x < 6`, the first maximum of a pool window), imposes the",
+           "decisions on PyTorch's modules in call order (shapes checked), and holds our float32 gradients to",
+           "the table's rule against that imposed model in float64, with the imposed model's own float32 run",
+           "as PyTorch's error. *decided differently*: how many of those decisions PyTorch's float64 run of",
+           "the unmodified model makes otherwise (0 for a smooth model, whose verdict does not change).", "",
+           "| model | exporter | input | float32 gradient | decided differently in float64 | on our branches | worst error / tolerance (tensor) | s |",
+           "|---|---|---|---|---|---|---|---:|"]
+    for r in rows:
+        b = r["branch"]
+        if "error" in b:
+            out.append(f"| {r['model']} | {r['exporter']} | {r.get('input', '')} | {r.get('gradient', '')} | "
+                       f"not run: {b['error']} | | | |")
+            continue
+        w = b["worst"]
+        verdict = "match" if b["failing"] == 0 else f"{b['failing']} of {b['tensors']} off"
+        out.append(f"| {r['model']} | {r['exporter']} | {r.get('input', '')} | {r.get('gradient', '')} | "
+                   f"{branch_summary(b)} | {verdict} | {w['error']:.2e} / {w['tolerance']:.2e} ({w['tensor']}) | "
+                   f"{b['seconds']:.0f} |")
+    return out
 
 
 def write_fixture(name, exporter, out_dir):
@@ -874,6 +966,9 @@ def main():
     ap.add_argument("--f64-check", action="store_true",
                     help="also evaluate grad.onnx in float64 (tools/f64_check.py) against PyTorch's float64 "
                     "gradients, and measure the float64 gradient's sensitivity to a 1e-6 input perturbation")
+    ap.add_argument("--branch-check", action="store_true",
+                    help="also check our float32 gradients against float64 with our run's own ReLU, ReLU6 and "
+                    "max-pool decisions imposed (tools/branch_check.py)")
     ap.add_argument("--f64-from", default=None,
                     help="comma-separated results.jsonl files of --f64-check runs: write the float64 section of "
                     "--table")
@@ -924,7 +1019,8 @@ def main():
         for exporter in args.exporters.split(","):
             t0 = time.time()
             try:
-                row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only, args.f64_check)
+                row = sweep_one(name, exporter, args.out, args.bin, args.timeout, args.convert_only, args.f64_check,
+                                args.branch_check)
             except Exception as exc:
                 # Where it failed is not known: claim no step passed.
                 row = {"model": name, "exporter": exporter,
