@@ -10,7 +10,8 @@
 # server and the device are pinned to CPUs of their own when EDGE_CPUS / DEVICE_CPUS
 # (taskset lists) are set. EDGEFREEZE is the binary (default target/release/edgefreeze).
 # CUTS (e.g. 2,6,10) limits the cuts the planner probes: a deep model's every cut does not
-# fit the probe's budget.
+# fit the probe's budget. PROBE_BUDGET (seconds, default the planner's 120) raises that
+# budget: a throttled device also spends it compiling tract's plan for each micro-batch size.
 # RTT_MS (e.g. 20) adds that round trip in-process: the device reaches the server through
 # `edgefreeze edge shape --rtt-ms RTT_MS` in its namespace (the rate stays tbf's), so the
 # probe measures it too. DEVICE_SLOW=F (1 to 10) runs every device process (the probe
@@ -22,7 +23,7 @@
 set -euo pipefail
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}")
 NETNS=$(dirname "$(realpath "$0")")/netns.sh
-[[ $# -ge 5 ]] || { sed -n '2,21p' "$0"; exit 2; }
+[[ $# -ge 5 ]] || { sed -n '2,22p' "$0"; exit 2; }
 model=$(realpath "$1"); batch=$2; limit=$3; epochs=$4; ms=$5
 work=$(mktemp -d)
 cd "$work"
@@ -87,7 +88,7 @@ PY
 load() { cut -d' ' -f1 /proc/loadavg; }
 plan() { # frozen-layers out
   on_dev $B plan --model $model --edge $ADDR --device-id phone-1 --token $T --batch $batch \
-    --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
+    --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} ${PROBE_BUDGET:+--budget $PROBE_BUDGET} --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
 }
 choice() { python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['choice']['candidate']; print(c['cut'], c['micro_batches'])" "$1"; }
 echo "| case | cut | M | train s / epoch | test acc. % | step: predicted vs measured | load |"
