@@ -57,7 +57,7 @@ def branch_inputs(model_path: str):
     return [(n.op_type, n.input[0]) for n in graph.node if n.op_type in ONNX_OP.values()]
 
 
-def run_with_branch_inputs(conv_dir: str, model_path: str, feeds_for, values):
+def run_with_branch_inputs(conv_dir: str, feeds_for, values):
     """Runs grad.onnx with `values` as extra outputs; returns (outputs by name)."""
     grad = onnx.load(os.path.join(conv_dir, "grad.onnx"))
     produced = {o for n in grad.graph.node for o in n.output} | {i.name for i in grad.graph.input}
@@ -210,7 +210,7 @@ def branch_check(conv_dir, model_path, model, x, y, feeds_for, grads_from, torch
     decisions and how many of them float64 makes differently (per kind), the per-tensor
     rows of `compare`, failing count and the worst row."""
     nodes = branch_inputs(model_path)
-    outs = run_with_branch_inputs(conv_dir, model_path, feeds_for, [v for _, v in nodes])
+    outs = run_with_branch_inputs(conv_dir, feeds_for, [v for _, v in nodes])
     natural = natural_decisions(model, x, torch.float64)
     if len(natural) != len(nodes):
         raise ValueError(f"the model makes {len(natural)} branch-module calls, the ONNX graph has {len(nodes)} "

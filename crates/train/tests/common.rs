@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use edgefreeze_engine::Value;
 use edgefreeze_train::{ModelSource, Recipe, Schedule, create_run};
 use std::path::{Path, PathBuf};
 
@@ -48,4 +49,18 @@ pub fn create(dir: &Path, model_name: &str, recipe: &Recipe) {
         freeze: 0,
     };
     create_run(dir, &source, "fashion-mnist", recipe).unwrap();
+}
+
+/// The relative L2 distance of `a` from `b` (float32), or 0/1 for equal/unequal int64
+/// tensors.
+pub fn relative_l2(a: &Value, b: &Value) -> f64 {
+    match (a, b) {
+        (Value::F32(a), Value::F32(b)) => {
+            let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+            (diff / norm.max(1e-30)).sqrt()
+        }
+        (Value::I64(a), Value::I64(b)) => f64::from(u8::from(a != b)),
+        _ => panic!("type mismatch"),
+    }
 }

@@ -37,18 +37,6 @@ fn train(model: &str, engine: EngineKind) -> (Vec<f64>, Vec<(String, Value)>) {
     (losses, trainer.state().unwrap())
 }
 
-fn relative_l2(a: &Value, b: &Value) -> f64 {
-    match (a, b) {
-        (Value::F32(a), Value::F32(b)) => {
-            let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-            (diff / norm.max(1e-30)).sqrt()
-        }
-        (Value::I64(a), Value::I64(b)) => f64::from(u8::from(a != b)),
-        _ => panic!("type mismatch"),
-    }
-}
-
 fn engines_agree(model: &str, tolerance: f64) {
     if !common::fashion_mnist_available() {
         return;
@@ -68,7 +56,7 @@ fn engines_agree(model: &str, tolerance: f64) {
     let (mut worst_param, mut worst_momentum) = ((0.0, String::new()), (0.0, String::new()));
     for ((name, a), (other, b)) in ort_state.iter().zip(&tract_state) {
         assert_eq!(name, other);
-        let rel = relative_l2(a, b);
+        let rel = common::relative_l2(a, b);
         let worst = if name.starts_with("momentum.") { &mut worst_momentum } else { &mut worst_param };
         if rel >= worst.0 {
             *worst = (rel, name.clone());
@@ -141,7 +129,7 @@ fn step_by_step(model: &str, parameter_tolerance: f64) {
         assert!(rel <= 1e-4, "{model} step {}: ORT loss {a} vs tract {b} (relative {rel:.2e})", step + 1);
         worst_loss = worst_loss.max(rel);
         for name in &names {
-            let d = relative_l2(&ort.state(name).unwrap(), &tract.state(name).unwrap());
+            let d = common::relative_l2(&ort.state(name).unwrap(), &tract.state(name).unwrap());
             let worst = if name.starts_with("momentum.") { &mut worst_momentum } else { &mut worst_param };
             if d > worst.0 {
                 *worst = (d, format!("{name} at step {}", step + 1));

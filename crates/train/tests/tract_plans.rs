@@ -5,6 +5,8 @@
 //! bundled convolutional models (plain, residual with BatchNorm, depthwise). The
 //! profile of each run shows the optimised plan really ran: it has fewer nodes.
 
+mod common;
+
 use edgefreeze_autodiff::artifacts::convert;
 use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
 use edgefreeze_autodiff::training::UPDATED_PREFIX;
@@ -13,18 +15,6 @@ use edgefreeze_engine::{EngineKind, EngineOptions, StateUpdates, Value, Workspac
 use edgefreeze_train::bench::synthetic_batch;
 use edgefreeze_train::tensors::value_from_tensor;
 use std::path::Path;
-
-fn relative_l2(a: &Value, b: &Value) -> f64 {
-    match (a, b) {
-        (Value::F32(a), Value::F32(b)) => {
-            let diff: f64 = a.iter().zip(b).map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2)).sum();
-            let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
-            (diff / norm.max(1e-30)).sqrt()
-        }
-        (Value::I64(a), Value::I64(b)) => f64::from(u8::from(a != b)),
-        _ => panic!("type mismatch"),
-    }
-}
 
 fn plans_agree(name: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(format!("{name}.onnx"));
@@ -76,7 +66,7 @@ fn plans_agree(name: &str) {
         assert_eq!(a.len(), b.len());
         for ((na, va), (nb, vb)) in a.iter().zip(&b) {
             assert_eq!(na, nb);
-            let d = relative_l2(va, vb);
+            let d = common::relative_l2(va, vb);
             assert!(d <= 1e-5, "{name} batch {batch}: output {na} differs by {d:.2e}");
         }
         // Parameters and statistics each to float32 rounding. Momentum buffers hold the
@@ -108,7 +98,7 @@ fn plans_agree(name: &str) {
                     worst_momentum = (d, state);
                 }
             } else {
-                let d = relative_l2(&a, &b);
+                let d = common::relative_l2(&a, &b);
                 if d > worst.0 {
                     worst = (d, state);
                 }
