@@ -83,7 +83,9 @@ fn both_engines_profile_every_run_by_onnx_op_type() {
             }
         }
         let ops = profile.by_op_type(1);
-        assert!(ops.iter().any(|o| o.op_type.contains("Conv") && o.share > 0.0), "{kind}: {ops:?}");
+        // Present, not timed: ONNX Runtime counts whole microseconds, and this small
+        // convolution may take less than one on a fast CPU.
+        assert!(ops.iter().any(|o| o.op_type.contains("Conv")), "{kind}: {ops:?}");
         assert!(ops.iter().any(|o| o.op_type == "MatMul"), "{kind}: {ops:?}");
         let share: f64 = ops.iter().map(|o| o.share).sum();
         assert!((share - 1.0).abs() < 1e-9, "{kind}: {ops:?}");
