@@ -202,6 +202,88 @@ fn depthwise_stride_1_as_a_grouped_conv_with_the_flipped_kernel() {
     case(node, vec![param(&mut rng, &[1, 2, 4, 5]), param(&mut rng, &[4, 1, 2, 3])], 17);
 }
 
+/// The op types of the gradient graph of one `Conv` (bias or not), forward included.
+fn conv_gradient_ops(node: &Node, inputs: &[Input]) -> Vec<String> {
+    let (model, _) = gradient_model(node, inputs, 17, DataType::Float64);
+    model.graph.nodes.iter().map(|n| n.op_type.clone()).collect()
+}
+
+#[test]
+fn ungrouped_stride_1_input_gradient_as_a_conv_with_the_flipped_kernel() {
+    // Uneven pads, dilation, a 1×1 kernel (no flip); then pads beyond the kernel's reach,
+    // a stride, and fewer than 16 input channels, each of which keeps the ConvTranspose.
+    let mut rng = Rng::new(23);
+    let flipped = [
+        (
+            op("Conv").with_attr("pads", ints(&[1, 0, 0, 2])),
+            vec![param(&mut rng, &[2, 16, 4, 5]), param(&mut rng, &[3, 16, 3, 3])],
+        ),
+        (
+            op("Conv").with_attr("dilations", ints(&[2, 1])).with_attr("pads", ints(&[2, 1, 1, 1])),
+            vec![param(&mut rng, &[1, 16, 6, 5]), param(&mut rng, &[2, 16, 3, 3]), param(&mut rng, &[2])],
+        ),
+        (op("Conv"), vec![param(&mut rng, &[2, 16, 3, 4]), param(&mut rng, &[3, 16, 1, 1])]),
+    ];
+    for (node, inputs) in flipped {
+        let ops = conv_gradient_ops(&node, &inputs);
+        assert_eq!(ops.iter().filter(|o| *o == "Conv").count(), 2, "{ops:?}");
+        assert!(!ops.iter().any(|o| o == "ConvTranspose"), "{ops:?}");
+        case(node, inputs, 17);
+    }
+    let scattered = [
+        (
+            op("Conv").with_attr("pads", ints(&[3, 0, 0, 0])),
+            vec![param(&mut rng, &[1, 16, 4, 5]), param(&mut rng, &[2, 16, 2, 3])],
+        ),
+        (
+            op("Conv").with_attr("strides", ints(&[2, 2])),
+            vec![param(&mut rng, &[2, 16, 5, 5]), param(&mut rng, &[3, 16, 1, 1])],
+        ),
+        (
+            op("Conv").with_attr("pads", ints(&[1, 1, 1, 1])),
+            vec![param(&mut rng, &[2, 15, 3, 3]), param(&mut rng, &[2, 15, 3, 3])],
+        ),
+    ];
+    for (node, inputs) in scattered {
+        let ops = conv_gradient_ops(&node, &inputs);
+        assert!(ops.iter().any(|o| o == "ConvTranspose"), "{ops:?}");
+        case(node, inputs, 17);
+    }
+}
+
+#[test]
+fn weight_gradient_folds_the_batch_into_the_product_where_channels_outnumber_positions() {
+    // With at least as many output channels as positions (the deep layers), and
+    // depthwise, no per-sample product is summed over the batch afterwards: the only
+    // ReduceSums left are the bias's and the harness's projection. With fewer channels
+    // than positions, one per kernel offset (the per-sample form), in both orientations
+    // of its product (C ≥ M and C < M).
+    let mut rng = Rng::new(29);
+    let cases = [
+        (op("Conv"), vec![param(&mut rng, &[3, 2, 3, 3]), param(&mut rng, &[8, 2, 2, 2]), param(&mut rng, &[8])], 2),
+        (
+            op("Conv").with_attr("group", Attribute::Int(2)).with_attr("strides", ints(&[2, 1])),
+            vec![param(&mut rng, &[3, 2, 5, 4]), param(&mut rng, &[2, 1, 3, 2]), param(&mut rng, &[2])],
+            2,
+        ),
+        (
+            op("Conv").with_attr("pads", ints(&[1, 1, 1, 1])),
+            vec![param(&mut rng, &[3, 4, 4, 4]), param(&mut rng, &[3, 4, 3, 3]), param(&mut rng, &[3])],
+            9 + 2,
+        ),
+        (
+            op("Conv"),
+            vec![param(&mut rng, &[2, 1, 5, 5]), param(&mut rng, &[3, 1, 2, 2]), param(&mut rng, &[3])],
+            4 + 2,
+        ),
+    ];
+    for (node, inputs, reduce_sums) in cases {
+        let ops = conv_gradient_ops(&node, &inputs);
+        assert_eq!(ops.iter().filter(|o| *o == "ReduceSum").count(), reduce_sums, "{ops:?}");
+        case(node, inputs, 17);
+    }
+}
+
 /// Why a convolution's weight gradient is not one `Conv` with batch and channels swapped
 /// (X as [C, N, ...] and dY as the kernel [M, N, ...]): the kernel's input-channel
 /// dimension is then the symbolic batch, and tract only builds a `Conv` whose kernel

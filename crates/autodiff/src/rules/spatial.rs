@@ -5,9 +5,10 @@
 //! need not be.
 //!
 //! - `Conv`: the input gradient is a `ConvTranspose` of dY with the weight (explicit pads
-//!   and output padding so that it has exactly X's size); the weight gradient is an im2col
-//!   built from one strided `Slice` per kernel offset followed by a `Gemm` (a grouped
-//!   `MatMul` for grouped convolutions)
+//!   and output padding so that it has exactly X's size), or at stride 1 a `Conv` of dY
+//!   with the flipped kernel; the weight gradient is an im2col built from one strided
+//!   `Slice` per kernel offset of the channel-major input, each followed by a `Gemm` that
+//!   contracts batch and positions together (a grouped `MatMul` for grouped convolutions)
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
 //! - `MaxPool`: the same pool again with its `Indices` output (the first maximum of each
@@ -113,15 +114,46 @@ fn offsets(kernel: &[usize]) -> Vec<Vec<usize>> {
     all
 }
 
+/// Where the spatial axes of a rank-(2 + spatial) tensor are.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// `[N, C, spatial...]` (ONNX's), or `[C, N, spatial...]`.
+    ChannelsFirst,
+    /// `[N, spatial..., C]`.
+    ChannelsLast,
+}
+
+impl Layout {
+    fn first_spatial_axis(self) -> usize {
+        match self {
+            Layout::ChannelsFirst => 2,
+            Layout::ChannelsLast => 1,
+        }
+    }
+}
+
 /// Pads the spatial axes of `x` with a constant (`None`: zero); `x` itself when no padding.
 fn pad_spatial(cx: &mut RuleCx<'_>, x: &str, begin: &[usize], end: &[usize], value: Option<f64>) -> String {
+    pad_spatial_in(cx, x, Layout::ChannelsFirst, begin, end, value)
+}
+
+fn pad_spatial_in(
+    cx: &mut RuleCx<'_>,
+    x: &str,
+    layout: Layout,
+    begin: &[usize],
+    end: &[usize],
+    value: Option<f64>,
+) -> String {
     if begin.iter().chain(end).all(|&p| p == 0) {
         return x.to_string();
     }
-    let mut pads = vec![0i64, 0];
-    pads.extend(begin.iter().map(|&p| p as i64));
-    pads.extend([0, 0]);
-    pads.extend(end.iter().map(|&p| p as i64));
+    let (rank, first) = (begin.len() + 2, layout.first_spatial_axis());
+    let mut pads = vec![0i64; 2 * rank];
+    for (a, (&b, &e)) in begin.iter().zip(end).enumerate() {
+        pads[first + a] = b as i64;
+        pads[rank + first + a] = e as i64;
+    }
     let pads = cx.e.ints(&pads);
     match value {
         Some(v) => {
@@ -135,9 +167,15 @@ fn pad_spatial(cx: &mut RuleCx<'_>, x: &str, begin: &[usize], end: &[usize], val
 /// For each kernel offset (row-major), the strided slice of the padded input `xp`
 /// (spatial sizes `padded`) that the offset reads in every window: `[N, C, out...]` each.
 fn offset_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> Vec<String> {
+    offset_slices_in(cx, xp, Layout::ChannelsFirst, padded, geo)
+}
+
+/// [`offset_slices`] of a tensor whose spatial axes are where `layout` puts them.
+fn offset_slices_in(cx: &mut RuleCx<'_>, xp: &str, layout: Layout, padded: &[usize], geo: &Geometry) -> Vec<String> {
     let n = geo.axes();
     let w = &geo.window;
-    let axes = cx.e.ints(&(2..2 + n as i64).collect::<Vec<_>>());
+    let first = layout.first_spatial_axis() as i64;
+    let axes = cx.e.ints(&(first..first + n as i64).collect::<Vec<_>>());
     let steps = cx.e.ints(&w.strides.iter().map(|&s| s as i64).collect::<Vec<_>>());
     let mut parts = Vec::new();
     for offset in offsets(&w.kernel) {
@@ -239,7 +277,10 @@ pub(super) fn conv(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
-/// The adjoint of a convolution: the transposed convolution of dY with the same weight.
+/// The adjoint of a convolution: the transposed convolution of dY with the same weight,
+/// or, at stride 1, the equivalent `Conv` of dY with the flipped kernel
+/// ([`flipped_kernel_input_grad`]), which ONNX Runtime and tract both run faster than
+/// their `ConvTranspose`.
 ///
 /// onnx.reference runs a grouped `ConvTranspose` correctly only with one input and one
 /// output channel per group, so a grouped convolution becomes either that depthwise form
@@ -248,13 +289,18 @@ pub(super) fn conv(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let (m, cg) = (w_shape[0], w_shape[1]);
     let mg = m / group;
+    // The flipped kernel's `Conv` has X's C channels as its output rows: with fewer than
+    // FLIPPED_MIN_CHANNELS (LeNet-5's 6) the engines' GEMM tiles run mostly empty and the
+    // `ConvTranspose` is faster (tract: 28% of LeNet-5's step).
+    if (group == 1 && geo.channels >= FLIPPED_MIN_CHANNELS) || cg == 1 {
+        if let Some(dx) = flipped_kernel_input_grad(cx, dy, w, w_shape, geo, group) {
+            return dx;
+        }
+    }
     if group == 1 {
         return scatter(cx, dy, w, geo, 1);
     }
     if cg == 1 {
-        if let Some(dx) = depthwise_input_grad_conv(cx, dy, w, w_shape, geo) {
-            return dx;
-        }
         let dx = scatter(cx, dy, w, geo, m);
         if mg == 1 {
             return dx;
@@ -277,20 +323,25 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
     cx.e.op("Concat", &parts, vec![("axis", Attribute::Int(1))])
 }
 
-/// The input gradient of a stride-1 depthwise convolution (one input channel per group,
-/// Mg outputs each) as a grouped `Conv` of dY with the spatially flipped kernel:
-/// dX[n, c, i] = Σ_{j, t} dY[n, c·Mg + j, i + p_begin − t·d] · W[c·Mg + j, 0, t], a
-/// correlation with W[.., k − 1 − t] padded by (k − 1)·d − p on each side, and the
-/// channel multiplier summed by the group's Mg input channels. ONNX Runtime runs a
-/// one-channel-per-group `ConvTranspose` through a slower path than a grouped `Conv`.
-/// `None` (the caller scatters instead) with strides (the correlation would need dY
-/// dilated) or padding beyond the kernel's extent (negative pads).
-fn depthwise_input_grad_conv(
+/// Below this many input channels an ungrouped convolution's input gradient stays a
+/// `ConvTranspose` (see [`conv_input_grad`]).
+const FLIPPED_MIN_CHANNELS: usize = 16;
+
+/// The input gradient of a stride-1 convolution, ungrouped or depthwise (one input
+/// channel per group, Mg outputs each), as a `Conv` of dY with the spatially flipped
+/// kernel: dX[n, c, i] = Σ_{m, t} dY[n, m, i + p_begin − t·d] · W[m, c, t], a correlation
+/// with W[m, c, k − 1 − t] padded by (k − 1)·d − p on each side. Ungrouped, the kernel's
+/// two channel axes swap (C output channels reading M); depthwise, the channel
+/// multiplier is summed by each group's Mg input channels. `None` (the caller scatters
+/// instead) with strides (the correlation would need dY dilated) or padding beyond the
+/// kernel's extent (negative pads).
+fn flipped_kernel_input_grad(
     cx: &mut RuleCx<'_>,
     dy: &str,
     w: &str,
     w_shape: &[usize],
     geo: &Geometry,
+    group: usize,
 ) -> Option<String> {
     let win = &geo.window;
     let n = geo.axes();
@@ -303,14 +354,28 @@ fn depthwise_input_grad_conv(
         pads[a] = reach.checked_sub(win.pads_begin[a])?;
         pads[n + a] = reach.checked_sub(win.pads_end[a])?;
     }
-    let (c, mg, k) = (geo.channels as i64, (w_shape[0] / geo.channels) as i64, geo.kernel_size() as i64);
+    let (m, cg, k) = (w_shape[0] as i64, w_shape[1] as i64, geo.kernel_size() as i64);
+    // The kernel as [out, in, K] of the new convolution: ungrouped, W's channel axes
+    // swapped ([C, M, K]); depthwise, W itself read as C groups of Mg inputs ([C·Mg, 1, K]
+    // is [C, Mg, K] in memory).
+    let (kernel, out, inp) = if group == 1 {
+        let flat = cx.e.reshape(w, &[m, cg, k]);
+        (cx.e.transpose(&flat, &[1, 0, 2]), cg, m)
+    } else {
+        let c = geo.channels as i64;
+        (cx.e.reshape(w, &[c, m / c, k]), c, m / c)
+    };
     // Reversing every kernel axis reverses the row-major flattened kernel.
-    let flat = cx.e.reshape(w, &[c * mg, 1, k]);
-    let reversed = cx.e.ints(&(0..k).rev().collect::<Vec<_>>());
-    let flipped = cx.e.op("Gather", &[&flat, &reversed], vec![("axis", Attribute::Int(2))]);
-    let mut kernel_shape = vec![c, mg];
+    let kernel = if k > 1 {
+        let reversed = cx.e.ints(&(0..k).rev().collect::<Vec<_>>());
+        cx.e.op("Gather", &[&kernel, &reversed], vec![("axis", Attribute::Int(2))])
+    } else {
+        kernel
+    };
+    let mut kernel_shape = vec![out, inp];
     kernel_shape.extend(win.kernel.iter().map(|&v| v as i64));
-    let kernel = cx.e.reshape(&flipped, &kernel_shape);
+    let kernel = cx.e.reshape(&kernel, &kernel_shape);
+    let conv_group = if group == 1 { 1 } else { geo.channels as i64 };
     Some(cx.e.op(
         "Conv",
         &[dy, &kernel],
@@ -318,7 +383,7 @@ fn depthwise_input_grad_conv(
             ("kernel_shape", Geometry::ints(&win.kernel)),
             ("dilations", Geometry::ints(&win.dilations)),
             ("pads", Geometry::ints(&pads)),
-            ("group", Attribute::Int(c)),
+            ("group", Attribute::Int(conv_group)),
         ],
     ))
 }
@@ -326,24 +391,58 @@ fn depthwise_input_grad_conv(
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
 /// im2col of the padded input made of one strided slice per kernel offset.
 ///
-/// Ungrouped, each offset's slice `[N, C, P]` is one operand of a batched product over
-/// the samples, dY `[N, M, P]` · sliceᵀ `[N, P, C]` → `[N, M, C]`, summed over the batch:
-/// the slice is read in place (ONNX Runtime fuses the transpose into the product) and
-/// nothing activation-sized is concatenated or transposed; only the weight-sized results
-/// are stacked. Depthwise, per offset, a product with dY and a sum. Otherwise the columns
-/// are regrouped for a batched `MatMul`.
+/// Ungrouped, one of two products per offset, by which is smaller:
+/// - while the per-sample result `[N, M, C]` would be smaller than the slice `[N, C, P]`
+///   (M < P, the early layers: many positions, few channels), one product per sample,
+///   summed over the batch by a `ReduceSum`; the batch keeps both engines' threads busy
+///   on these thin products. The product is oriented so that the larger channel count
+///   is its columns, which both engines' kernels vectorise: with C ≥ M,
+///   dY `[N, M, P]` · sliceᵀ `[N, P, C]` (ONNX Runtime fuses the transpose into the
+///   product); with C < M (a first layer's one input channel, a widening layer),
+///   slice `[N, C, P]` · dYᵀ `[N, P, M]`, dY transposed once for every offset and the
+///   weight-sized result at the end (on ONNX Runtime, 1.4–1.5x LeNet-5's and M5's step
+///   against the other orientation, whose products are matrix-vector);
+/// - otherwise (few positions, many channels: the deep layers) the batch is folded into
+///   the contraction: X transposed once to channels-last, so that each offset's slice is
+///   `[N·P, C]`, and dY once to `[M, N·P]`; one `MatMul` goes straight to `[M, C]`. No
+///   per-sample tensor larger than the activation is kept alive, and no `ReduceSum` runs
+///   over one (tract runs it as a scalar loop: half of ResNet-18's step when every
+///   layer had one, docs/results.md).
+///
+/// Depthwise (one input channel per group, Mg outputs each), X is transposed once to
+/// `[C, N, in...]` and dY to `[C, Mg, N·P]`: per offset a batched matrix-vector product,
+/// `[C, Mg, N·P]` · `[C, N·P, 1]`, with nothing activation-sized in between. Otherwise the
+/// columns are regrouped for a batched `MatMul`.
 ///
 /// (A single `Conv` with batch and channels swapped, the "batch as channels" form, is
 /// ruled out: its kernel is dY or X, whose batch dimension is symbolic, and tract only
 /// builds a `Conv` whose kernel shape is concrete; ONNX Runtime, which accepts it, runs
-/// it slower than this form, see docs/results.md.)
+/// it slower than the per-offset form, see docs/results.md.)
 fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], geo: &Geometry, group: usize) -> String {
     let w = &geo.window;
+    let n = geo.axes() as i64;
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
-    let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
-    if group == 1 {
+    if group == 1 && mg < p && cg < mg {
+        let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
+        let d = cx.e.reshape(dy, &[-1, mg, p]);
+        let d = cx.e.transpose(&d, &[0, 2, 1]);
+        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[-1, cg, p]);
+                let prod = cx.e.op("MatMul", &[&slice, &d], vec![]);
+                cx.e.reduce_sum(&prod, &[0], false)
+            })
+            .collect();
+        // [C, M] per offset → [C, M, K] → W's [M, C, K].
+        let stacked = stack_offsets(cx, &parts, &[cg as usize, mg as usize, k as usize]);
+        let stacked = cx.e.transpose(&stacked, &[1, 0, 2]);
+        return cx.e.reshape(&stacked, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+    }
+    if group == 1 && mg < p {
+        let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
         let d = cx.e.reshape(dy, &[-1, mg, p]);
         let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
             .into_iter()
@@ -356,21 +455,40 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
             .collect();
         return stack_offsets(cx, &parts, w_shape);
     }
-    if cg == 1 {
-        // Depthwise (one input channel per group, Mg outputs each): per offset a product
-        // and a sum, dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · slice_k[n, c, p].
-        let d = cx.e.reshape(dy, &[-1, g, mg, p]);
-        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
+    if group == 1 {
+        let last: Vec<i64> = std::iter::once(0).chain(2..2 + n).chain([1]).collect();
+        let xt = cx.e.transpose(x, &last);
+        let xtp = pad_spatial_in(cx, &xt, Layout::ChannelsLast, &w.pads_begin, &w.pads_end, None);
+        let d = cx.e.reshape(dy, &[-1, mg, p]);
+        let d = cx.e.transpose(&d, &[1, 0, 2]);
+        let d = cx.e.reshape(&d, &[mg, -1]);
+        let parts: Vec<String> = offset_slices_in(cx, &xtp, Layout::ChannelsLast, &padded, geo)
             .into_iter()
             .map(|slice| {
-                let slice = cx.e.reshape(&slice, &[-1, g, 1, p]);
-                let prod = cx.e.mul(&d, &slice);
-                let summed = cx.e.reduce_sum(&prod, &[0, 3], false);
-                cx.e.reshape(&summed, &[g * mg, 1])
+                let slice = cx.e.reshape(&slice, &[-1, cg]);
+                cx.e.op("MatMul", &[&d, &slice], vec![])
             })
             .collect();
         return stack_offsets(cx, &parts, w_shape);
     }
+    if cg == 1 {
+        // dW[c·Mg + j, 0, k] = Σ_{n,p} dY[n, c·Mg + j, p] · slice_k[c, n, p].
+        let swap: Vec<i64> = [1, 0].into_iter().chain(2..2 + n).collect();
+        let xt = cx.e.transpose(x, &swap);
+        let xtp = pad_spatial(cx, &xt, &w.pads_begin, &w.pads_end, None);
+        let d = cx.e.transpose(dy, &swap);
+        let d = cx.e.reshape(&d, &[g, mg, -1]);
+        let parts: Vec<String> = offset_slices(cx, &xtp, &padded, geo)
+            .into_iter()
+            .map(|slice| {
+                let slice = cx.e.reshape(&slice, &[g, -1, 1]);
+                let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
+                cx.e.reshape(&prod, &[g * mg, 1])
+            })
+            .collect();
+        return stack_offsets(cx, &parts, w_shape);
+    }
+    let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
     let cols = window_slices(cx, &xp, &padded, geo);
     // [N, K·C, P] (offset-major) → [N, K, g, Cg, P] → [g, N, P, Cg, K] → [g, N·P, Cg·K].
     let cols = cx.e.reshape(&cols, &[-1, k, g, cg, p]);
