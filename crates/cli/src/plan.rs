@@ -81,8 +81,8 @@ pub struct PlanArgs {
     /// overlap factors are then --overlap-device and --overlap-edge.
     #[arg(long)]
     pub no_concurrent_probe: bool,
-    /// The edge's update speed in bytes of state per second (default: the device's own,
-    /// as measured).
+    /// The edge's update speed in bytes of state per second (default: one update timed on
+    /// each edge at each cut).
     #[arg(long)]
     pub apply_rate: Option<f64>,
     /// Print JSON (the probe's measurements, every prediction and the choice) instead of

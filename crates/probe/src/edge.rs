@@ -1,7 +1,8 @@
 //! One edge server's step time at one cut: a session of its own (the split the device
 //! would train, under a throwaway run id), real micro-batches (the device forward's
 //! activations at that cut) sent one at a time, the edge's own timestamps read from each
-//! reply, and the session closed without an update.
+//! reply, one update timed (learning rate 0: the session is thrown away), and the
+//! session closed.
 //!
 //! Then, in the same session, the **concurrent probe**: the device runs its own forward
 //! and backward at that cut over and over on a thread of its own while more micro-batches
@@ -40,8 +41,9 @@ pub struct EdgeProbe<'a> {
     /// The run id of the probe's session (unique: an edge that keeps checkpoints refuses
     /// a new run under a name it holds).
     pub run_id: String,
-    /// Seconds of edge update per byte of session state (the probe does not update).
-    pub apply_s_per_byte: f64,
+    /// Seconds of edge update per byte of session state, when given; `None`: the probe
+    /// times one update of its session (learning rate 0, no checkpoint).
+    pub apply_s_per_byte: Option<f64>,
     /// A server that does not answer a call or a micro-batch within this long is lost.
     pub timeout: std::time::Duration,
 }
@@ -110,7 +112,7 @@ pub fn time_cut(
     let session = EdgeSession::open(probe.address, probe.credentials.clone(), request, probe.timeout).map_err(fail)?;
     let header = session.header();
     let state_bytes = session.opened.state_bytes;
-    let result = (|| -> edgefreeze_device::Result<(Vec<Vec<f64>>, Option<Concurrent>)> {
+    let result = (|| -> edgefreeze_device::Result<(Vec<Vec<f64>>, Option<Concurrent>, f64)> {
         let mut link = session.stream();
         let mut times = vec![Vec::new(); batches.len()];
         // The edge's compute alone (its step's start to end) at each size, for the
@@ -162,11 +164,27 @@ pub fn time_cut(
             }
             _ => None,
         };
-        Ok((times, concurrent))
+        // The step's every micro-batch is in: one update, timed from the device with its
+        // round trip, as a training step's edge update is.
+        let apply_s = match probe.apply_s_per_byte {
+            Some(per_byte) => state_bytes as f64 * per_byte,
+            None => {
+                let tag = Tag {
+                    session: header.session_id.clone(),
+                    step: header.step,
+                    micro_batch: 0,
+                    version: header.model_version,
+                };
+                let started = std::time::Instant::now();
+                link.apply_update(&tag, 0.0, false)?;
+                started.elapsed().as_secs_f64()
+            }
+        };
+        Ok((times, concurrent, apply_s))
     })();
     // Close whatever happened: a probe leaves no session behind.
     let closed = session.close(&header);
-    let (times, concurrent) = result.map_err(fail)?;
+    let (times, concurrent, apply_s) = result.map_err(fail)?;
     closed.map_err(fail)?;
     let points: Vec<(f64, f64)> = batches
         .iter()
@@ -181,11 +199,7 @@ pub fn time_cut(
         message: format!("cut {cut}: no usable edge times in {points:?}"),
     })?;
     let overlap = concurrent.map_or(Overlap::default(), |c| Overlap { device: c.device.factor, edge: c.edge.factor });
-    Ok(EdgeCut {
-        times: EdgeCutTimes { cut, step, apply_s: state_bytes as f64 * probe.apply_s_per_byte, overlap },
-        state_bytes,
-        concurrent,
-    })
+    Ok(EdgeCut { times: EdgeCutTimes { cut, step, apply_s, overlap }, state_bytes, concurrent })
 }
 
 /// Micro-batches in flight in the concurrent probe: the edge has the next one while it

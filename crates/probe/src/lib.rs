@@ -73,35 +73,12 @@ pub struct ProbeSettings {
     pub max_payload_bytes: u64,
     /// A server that does not answer a call or a micro-batch within this long is skipped.
     pub timeout: Duration,
-    /// Edge update speed, bytes of session state per second; `None`: the device's own
-    /// (the slope of its update time over its state across the trained cuts, see
-    /// `device_apply_bytes_per_s`), or [`DEFAULT_APPLY_BYTES_PER_S`] when the device
-    /// trains at no cut.
+    /// Edge update speed, bytes of session state per second; `None`: one update timed on
+    /// each edge at each cut (`edge::time_cut`).
     pub apply_bytes_per_s: Option<f64>,
     /// Whether to run the concurrent probe at each (server, cut) (without it, the cost
     /// model's default overlap factors apply).
     pub concurrent: bool,
-}
-
-/// The edge update speed assumed when nothing measured it: 1 GB/s.
-pub const DEFAULT_APPLY_BYTES_PER_S: f64 = 1e9;
-
-/// The device's update speed in bytes of state per second, which the edge's update is
-/// predicted from: the slope of the update time over the state's size across the trained
-/// cuts, the cost of one more byte. A ratio of time over bytes at one cut would charge the
-/// fixed cost of running the update graph (a large part at a shallow cut of a model of
-/// many small tensors: MobileNetV2's device update at cut 18 is mostly that) to every byte
-/// of the edge's much larger state: 186 ms predicted against 18 ms measured. With one
-/// trained cut, that cut's ratio; with none, [`DEFAULT_APPLY_BYTES_PER_S`].
-fn device_apply_bytes_per_s(cuts: &[device::DeviceCut]) -> f64 {
-    let points: Vec<(f64, f64)> = cuts
-        .iter()
-        .filter_map(|c| c.apply_s.filter(|&a| a > 0.0 && c.state_bytes > 0).map(|a| (c.state_bytes as f64, a)))
-        .collect();
-    match edgefreeze_plan::measure::Affine::fit(&points) {
-        Some(fit) if points.len() >= 2 && fit.per_sample_s > 0.0 => 1.0 / fit.per_sample_s,
-        _ => points.last().map_or(DEFAULT_APPLY_BYTES_PER_S, |(bytes, s)| bytes / s),
-    }
 }
 
 impl ProbeSettings {
@@ -249,7 +226,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
             CutBytes { cut: c.cut, activation: per_sample(&c.activations), label: per_sample(&c.labels) }
         })
         .collect();
-    let apply_s_per_byte = 1.0 / settings.apply_bytes_per_s.unwrap_or_else(|| device_apply_bytes_per_s(&device_cuts));
+    let apply_s_per_byte = settings.apply_bytes_per_s.map(|rate| 1.0 / rate);
 
     // The links.
     let links_started = Instant::now();
@@ -404,36 +381,4 @@ pub fn probe_links(
             })
         })
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use edgefreeze_plan::measure::Affine;
-
-    fn cut(cut: usize, apply_s: Option<f64>, state_bytes: u64) -> device::DeviceCut {
-        let none = Affine { fixed_s: 0.0, per_sample_s: 0.0 };
-        device::DeviceCut {
-            cut,
-            frozen: apply_s.is_none(),
-            forward: none,
-            backward: None,
-            apply_s,
-            state_bytes,
-            activations: Vec::new(),
-            labels: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn the_edge_update_speed_is_the_device_update_slope_over_its_state() {
-        // 1 ms per update call plus 1 ns a byte: the ratio at the shallow cut (10 kB in
-        // 1.01 ms, 9.9 MB/s) would price the edge's bytes 100x too high.
-        let cuts = [cut(2, Some(1.01e-3), 10_000), cut(10, Some(1.1e-3), 100_000), cut(18, Some(2e-3), 1_000_000)];
-        let rate = device_apply_bytes_per_s(&cuts);
-        assert!((rate - 1e9).abs() < 1e3, "{rate}");
-        // One trained cut: its ratio; none: the default.
-        assert!((device_apply_bytes_per_s(&cuts[2..]) - 5e8).abs() < 1.0);
-        assert_eq!(device_apply_bytes_per_s(&[cut(3, None, 0)]), DEFAULT_APPLY_BYTES_PER_S);
-    }
 }

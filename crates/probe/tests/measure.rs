@@ -77,6 +77,10 @@ fn a_shaped_link_and_the_edge_at_every_cut_are_measured() {
     assert!(link.up_bytes_per_s <= 1.25 * up && link.down_bytes_per_s <= 1.25 * down, "{link:?}");
     assert_eq!(m.servers[0].cuts.iter().map(|c| c.cut).collect::<Vec<_>>(), vec![0, 1]);
     assert!(m.servers[0].cuts.iter().all(|c| c.step.at(64.0) > 0.0));
+    // The edge's update is one update timed through the shaped link: its round trip at
+    // least.
+    let round_trip = 2.0 * delay.as_secs_f64();
+    assert!(m.servers[0].cuts.iter().all(|c| c.apply_s >= round_trip), "{:?}", m.servers[0].cuts);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert!(report.elapsed_s >= report.device_s + report.links_s + report.edges_s - 1e-9);
     // The probe sessions are gone.
