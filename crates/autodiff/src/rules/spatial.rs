@@ -292,10 +292,10 @@ fn conv_input_grad(cx: &mut RuleCx<'_>, dy: &str, w: &str, w_shape: &[usize], ge
     // The flipped kernel's `Conv` has X's C channels as its output rows: with fewer than
     // FLIPPED_MIN_CHANNELS (LeNet-5's 6) the engines' GEMM tiles run mostly empty and the
     // `ConvTranspose` is faster (on tract, 14–28% of LeNet-5's step).
-    if (group == 1 && geo.channels >= FLIPPED_MIN_CHANNELS) || cg == 1 {
-        if let Some(dx) = flipped_kernel_input_grad(cx, dy, w, w_shape, geo, group) {
-            return dx;
-        }
+    if ((group == 1 && geo.channels >= FLIPPED_MIN_CHANNELS) || cg == 1)
+        && let Some(dx) = flipped_kernel_input_grad(cx, dy, w, w_shape, geo, group)
+    {
+        return dx;
     }
     if group == 1 {
         return scatter(cx, dy, w, geo, 1);
