@@ -17,7 +17,7 @@
 use crate::device::{DeviceLoad, small_like};
 use crate::error::{ProbeError, Result};
 use edgefreeze_device::DeviceError;
-use edgefreeze_device::link::EdgeSession;
+use edgefreeze_device::link::{EdgeSession, tag_of};
 use edgefreeze_device::pipeline::{DeviceSide, EdgeTimes, Exchange, Link, Tag, Upload, check_reply, now_us};
 use edgefreeze_device::split::{SplitSettings, split_request};
 use edgefreeze_engine::Value;
@@ -122,12 +122,7 @@ pub fn time_cut(
         let order = std::iter::once(0).chain((0..reps).flat_map(|_| 0..batches.len()));
         for (i, which) in order.enumerate() {
             let (_, activation, labels) = &batches[which];
-            let tag = Tag {
-                session: header.session_id.clone(),
-                step: header.step,
-                micro_batch: i as u32,
-                version: header.model_version,
-            };
+            let tag = Tag { micro_batch: i as u32, ..tag_of(&header) };
             link.send(Upload {
                 tag: tag.clone(),
                 activation: activation.clone(),
@@ -149,12 +144,7 @@ pub fn time_cut(
                 let edge_alone_s = crate::device::median(std::mem::take(&mut compute[which]));
                 let first = 1 + reps * batches.len();
                 let upload = |i: usize| Upload {
-                    tag: Tag {
-                        session: header.session_id.clone(),
-                        step: header.step,
-                        micro_batch: i as u32,
-                        version: header.model_version,
-                    },
+                    tag: Tag { micro_batch: i as u32, ..tag_of(&header) },
                     activation: activation.clone(),
                     labels: labels.clone(),
                     dropout_seed: Some(i as i64),
@@ -169,14 +159,8 @@ pub fn time_cut(
         let apply_s = match probe.apply_s_per_byte {
             Some(per_byte) => state_bytes as f64 * per_byte,
             None => {
-                let tag = Tag {
-                    session: header.session_id.clone(),
-                    step: header.step,
-                    micro_batch: 0,
-                    version: header.model_version,
-                };
                 let started = std::time::Instant::now();
-                link.apply_update(&tag, 0.0, false)?;
+                link.apply_update(&Tag { micro_batch: 0, ..tag_of(&header) }, 0.0, false)?;
                 started.elapsed().as_secs_f64()
             }
         };

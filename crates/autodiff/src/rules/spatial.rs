@@ -7,8 +7,9 @@
 //! - `Conv`: the input gradient is a `ConvTranspose` of dY with the weight (explicit pads
 //!   and output padding so that it has exactly X's size), or at stride 1 a `Conv` of dY
 //!   with the flipped kernel; the weight gradient is an im2col built from one strided
-//!   `Slice` per kernel offset of the channel-major input, each followed by a `Gemm` that
-//!   contracts batch and positions together (a grouped `MatMul` for grouped convolutions)
+//!   `Slice` per kernel offset, each in a `MatMul` with dY: per sample and summed over the
+//!   batch in the early layers, with batch and positions contracted together in the deep
+//!   ones and depthwise (a grouped `MatMul` for other grouped convolutions)
 //!   (tract cannot run a `Conv` whose kernel has a symbolic dimension, which rules out the
 //!   "batch as channels" convolution); the bias gradient sums dY.
 //! - `MaxPool`: the same pool again with its `Indices` output (the first maximum of each
@@ -424,36 +425,32 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
-    if group == 1 && mg < p && cg < mg {
+    if group == 1 && mg < p {
+        // The larger channel count as the product's columns (doc above).
+        let widening = cg < mg;
         let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
         let d = cx.e.reshape(dy, &[-1, mg, p]);
-        let d = cx.e.transpose(&d, &[0, 2, 1]);
+        let d = if widening { cx.e.transpose(&d, &[0, 2, 1]) } else { d };
         let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
             .into_iter()
             .map(|slice| {
                 let slice = cx.e.reshape(&slice, &[-1, cg, p]);
-                let prod = cx.e.op("MatMul", &[&slice, &d], vec![]);
+                let prod = if widening {
+                    cx.e.op("MatMul", &[&slice, &d], vec![])
+                } else {
+                    let slice = cx.e.transpose(&slice, &[0, 2, 1]);
+                    cx.e.op("MatMul", &[&d, &slice], vec![])
+                };
                 cx.e.reduce_sum(&prod, &[0], false)
             })
             .collect();
+        if !widening {
+            return stack_offsets(cx, &parts, w_shape);
+        }
         // [C, M] per offset → [C, M, K] → W's [M, C, K].
         let stacked = stack_offsets(cx, &parts, &[cg as usize, mg as usize, k as usize]);
         let stacked = cx.e.transpose(&stacked, &[1, 0, 2]);
         return cx.e.reshape(&stacked, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
-    }
-    if group == 1 && mg < p {
-        let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
-        let d = cx.e.reshape(dy, &[-1, mg, p]);
-        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
-            .into_iter()
-            .map(|slice| {
-                let slice = cx.e.reshape(&slice, &[-1, cg, p]);
-                let slice = cx.e.transpose(&slice, &[0, 2, 1]);
-                let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
-                cx.e.reduce_sum(&prod, &[0], false)
-            })
-            .collect();
-        return stack_offsets(cx, &parts, w_shape);
     }
     if group == 1 {
         let last: Vec<i64> = std::iter::once(0).chain(2..2 + n).chain([1]).collect();
