@@ -55,7 +55,8 @@ pub struct TrainArgs {
     /// --freeze auto: a layer is stable when |slope| < TOL × mean over the window.
     #[arg(long, default_value_t = Knobs::default().tolerance)]
     pub freeze_tol: f64,
-    /// --freeze auto: rebuild the reference model when it is R updates old.
+    /// --freeze auto, with --freeze-fixed-reference: rebuild the reference model when it
+    /// is R updates old.
     #[arg(long, default_value_t = Knobs::default().refresh)]
     pub freeze_refresh: u64,
     /// --freeze auto: a learning-rate drop by at least this factor unfreezes.
@@ -68,6 +69,16 @@ pub struct TrainArgs {
     /// slope alone, as published).
     #[arg(long, default_value_t = Knobs::default().confidence)]
     pub freeze_confidence: f64,
+    /// --freeze auto: measure only the candidate layer at each probe, as published (by
+    /// default every active layer is measured, so layers whose plasticity is already
+    /// stable when the one before them freezes follow it at once).
+    #[arg(long)]
+    pub freeze_candidate_only: bool,
+    /// --freeze auto: measure against one reference per --freeze-refresh updates, each
+    /// layer's history restarting at its rebuild (by default every value is measured
+    /// against a reference built at the probe before, E updates earlier).
+    #[arg(long)]
+    pub freeze_fixed_reference: bool,
     /// --freeze auto: samples of the fixed probe batch (drawn once from the seed) that
     /// plasticity is measured on.
     #[arg(long, default_value_t = 32)]
@@ -257,6 +268,8 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
                 lr_drop: args.freeze_lr_drop,
                 unfreeze_to: args.freeze_unfreeze_to,
                 confidence: args.freeze_confidence,
+                ahead: !args.freeze_candidate_only,
+                lagged: !args.freeze_fixed_reference,
             },
             probe_batch: args.freeze_probe_batch,
             reference_threads: args.freeze_reference_threads,

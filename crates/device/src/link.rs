@@ -279,6 +279,14 @@ impl Link for GrpcLink {
     }
 
     fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
+        self.timed_update(tag, lr, checkpoint).map(|(tag, _)| tag)
+    }
+}
+
+impl GrpcLink {
+    /// [`Link::apply_update`], with the seconds the edge says it computed the update for
+    /// (its answer's compute interval: no link, no queueing on either side).
+    pub fn timed_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<(Tag, f64)> {
         let mut client = self.client.clone();
         let request = pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint };
         let answer = call(&self.runtime, &self.address, self.timeout, "the update", client.apply_update(request))?;
@@ -286,7 +294,8 @@ impl Link for GrpcLink {
             self.edge_checkpoint_missed = true;
         }
         let header = answer.header.ok_or_else(|| DeviceError::Link("the update's answer has no header".into()))?;
-        Ok(tag_of(&header))
+        let compute_ns = answer.compute_end_unix_nanos.saturating_sub(answer.compute_start_unix_nanos);
+        Ok((tag_of(&header), compute_ns as f64 * 1e-9))
     }
 }
 

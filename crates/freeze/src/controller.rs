@@ -4,12 +4,20 @@
 //!
 //! ```text
 //! k = 0                                   layers [0, k) are frozen
-//! every E steps after a warm-up of B:     probe the candidate layer k
-//! observe(step, k, SP):                   history[k].push(SP)
-//!     last W values with |least-squares slope| < tol · mean  →  freeze k (k += 1)
-//! reference older than R steps            →  rebuild it, start history[k] afresh
+//! every E steps after a warm-up of B:     probe the candidate layer k (and, with
+//!                                         `ahead`, every active layer behind it)
+//! observe(step, [(l, SP)]):               history[l].push(SP) for each active l
+//!     while the last W values of k have |least-squares slope| < tol · mean:
+//!         freeze k (k += 1)               (with `ahead`, k + 1's history is already there)
+//! reference older than R steps            →  rebuild it, start every history afresh
 //! learning rate ≤ old / ρ                 →  unfreeze to the set depth, clear histories, rebuild
 //! ```
+//!
+//! Why `ahead`: with the candidate alone measured, each layer needs W fresh values after
+//! the one before it froze, so a run freezes at most one layer per W × E updates and never
+//! reaches the costly middle of a network in a few hundred updates (docs/results.md, "The
+//! benchmark of issue 10"). The live model's forward on the probe batch gives every
+//! layer's activation at once, so measuring them all costs only the SP sums.
 
 use crate::error::{FreezeError, Result};
 use std::cmp::Ordering;
@@ -37,6 +45,18 @@ pub struct Knobs {
     /// |slope| + z × its standard error < tol × mean (0: the published rule alone).
     #[serde(default)]
     pub confidence: f64,
+    /// Measure every active layer at each probe, not only the candidate, so that a layer
+    /// whose window is already flat when the layer before it freezes follows at once
+    /// (false: the candidate alone, as settings files written before this knob).
+    #[serde(default)]
+    pub ahead: bool,
+    /// Measure every value against a reference built exactly E updates before it (a new
+    /// reference at every measurement, R unused), so that each value is how far a layer
+    /// moved in E updates and a history is one trend across references; false: one
+    /// reference per R updates, each history restarting at its rebuild (settings files
+    /// written before this knob).
+    #[serde(default)]
+    pub lagged: bool,
 }
 
 impl Default for Knobs {
@@ -55,6 +75,8 @@ impl Default for Knobs {
             lr_drop: 2.0,
             unfreeze_to: 0,
             confidence: 1.0,
+            ahead: true,
+            lagged: true,
         }
     }
 }
@@ -72,7 +94,7 @@ impl Knobs {
         if !(self.tolerance.is_finite() && self.tolerance > 0.0) {
             return bad(format!("the tolerance {} must be a positive number", self.tolerance));
         }
-        if self.refresh < self.every * self.window as u64 {
+        if !self.lagged && self.refresh < self.every * self.window as u64 {
             // Each rebuild starts the candidate's history afresh (values against two
             // references are not one trend), so a window must fit between rebuilds.
             return bad(format!(
@@ -204,19 +226,26 @@ impl Controller {
         self.layers - 1
     }
 
-    /// The layer to probe after update `step` (1-based count of updates done), if a
-    /// measurement is due: after the warm-up, every E updates, while a layer is left to freeze.
-    pub fn probe_due(&self, step: u64) -> Option<usize> {
+    /// The layers to probe after update `step` (1-based count of updates done), if a
+    /// measurement is due: after the warm-up, every E updates, while a layer is left to
+    /// freeze. The candidate comes first; with `ahead`, every active layer that can
+    /// freeze follows it.
+    pub fn probe_due(&self, step: u64) -> Option<std::ops::Range<usize>> {
         let due = step >= self.knobs.warmup && (step - self.knobs.warmup).is_multiple_of(self.knobs.every);
-        (due && self.state.depth < self.max_depth()).then_some(self.state.depth)
+        let k = self.state.depth;
+        (due && k < self.max_depth()).then(|| k..if self.knobs.ahead { self.max_depth() } else { k + 1 })
     }
 
-    /// Whether the reference model must be (re)built after update `step` before the probe
-    /// that is due then: it was never built, or is R updates old.
+    /// Whether the reference model must be (re)built after update `step`, where a probe is
+    /// due then: it was never built, or is R updates old; lagged, at every probe (after
+    /// the measurement, which compares with the reference of the probe before).
     pub fn reference_due(&self, step: u64) -> Option<Action> {
         self.probe_due(step)?;
         let text = match self.state.reference_step {
             None => "no reference model yet".to_string(),
+            Some(built) if self.knobs.lagged => {
+                format!("each value is measured against the reference of {} updates before", step.saturating_sub(built))
+            }
             Some(built) if step.saturating_sub(built) >= self.knobs.refresh => {
                 format!("the reference model is {} updates old (refresh: {})", step - built, self.knobs.refresh)
             }
@@ -227,23 +256,50 @@ impl Controller {
         })
     }
 
-    /// Records that the reference model was rebuilt from the parameters after `step`.
-    /// The candidate's history starts afresh: plasticity is measured against one
-    /// reference at a time, and values against two references are not one trend.
-    pub fn reference_rebuilt(&mut self, step: u64) {
-        self.state.reference_step = Some(step);
-        self.state.histories.remove(&self.state.depth);
+    /// Whether the probe due after `step` measures anything: not lagged, always (after a
+    /// rebuild the reference is the one just built); lagged, when there is a reference
+    /// from the probe before to measure against.
+    pub fn measures_at(&self, step: u64) -> bool {
+        self.probe_due(step).is_some() && (!self.knobs.lagged || self.state.reference_step.is_some())
     }
 
-    /// Takes a plasticity value of `layer` measured after update `step`. A value for a
-    /// layer that is no longer the candidate (it froze, or the run unfroze since the
-    /// probe was taken) is dropped. Returns a freeze decision when the layer is stable.
-    pub fn observe(&mut self, step: u64, layer: usize, sp: f64) -> Option<Action> {
-        if layer != self.state.depth || self.state.depth >= self.max_depth() || !sp.is_finite() {
-            return None;
+    /// Records that the reference model was rebuilt from the parameters after `step`.
+    /// Not lagged, every history starts afresh: plasticity is measured against one
+    /// reference at a time, and values against two references are not one trend. Lagged,
+    /// every value is against a reference of the same age, so the histories go on.
+    pub fn reference_rebuilt(&mut self, step: u64) {
+        self.state.reference_step = Some(step);
+        if !self.knobs.lagged {
+            self.state.histories.clear();
         }
-        let history = self.state.histories.entry(layer).or_default();
-        history.push(sp);
+    }
+
+    /// Takes the plasticity values `(layer, SP)` measured after update `step`. A value
+    /// for a layer that is frozen by now (it froze, or the run unfroze and refroze, since
+    /// the probe was taken) is dropped, as is one that is not finite. Then, front to
+    /// back, each candidate whose window is stable is frozen: one decision per layer.
+    pub fn observe(&mut self, step: u64, values: &[(usize, f64)]) -> Vec<Action> {
+        for &(layer, sp) in values {
+            if layer >= self.state.depth && layer < self.max_depth() && sp.is_finite() {
+                self.state.histories.entry(layer).or_default().push(sp);
+            }
+        }
+        let mut actions = Vec::new();
+        while self.state.depth < self.max_depth() {
+            match self.stable(step, self.state.depth) {
+                Some(reason) => {
+                    actions.push(Action::Freeze { layer: self.state.depth, reason });
+                    self.state.depth += 1;
+                }
+                None => break,
+            }
+        }
+        actions
+    }
+
+    /// Why `layer` is stable, if its last W values say so.
+    fn stable(&self, step: u64, layer: usize) -> Option<Reason> {
+        let history = self.state.histories.get(&layer)?;
         let w = self.knobs.window;
         if history.len() < w {
             return None;
@@ -273,15 +329,13 @@ impl Controller {
                 fit.mean
             )
         };
-        let reason = Reason {
+        Some(Reason {
             history: window.to_vec(),
             slope: Some(fit.slope),
             mean: Some(fit.mean),
             standard_error: fit.standard_error.is_finite().then_some(fit.standard_error),
             text,
-        };
-        self.state.depth += 1;
-        Some(Action::Freeze { layer, reason })
+        })
     }
 
     /// A learning-rate change from `old` to `new`: a drop by at least ρ unfreezes back to
@@ -365,20 +419,29 @@ mod tests {
             lr_drop: 5.0,
             unfreeze_to: 0,
             confidence: 0.0,
+            ahead: false,
+            lagged: false,
         }
     }
 
-    /// Feeds `curve(layer, i)` at each due probe until `steps`; returns (step, layer) of freezes.
+    /// Feeds `curve(layer, i)` (the i-th value measured of that layer) to every layer of
+    /// each due probe until `steps`; returns (step, layer) of freezes.
     fn run(c: &mut Controller, steps: u64, curve: impl Fn(usize, usize) -> f64) -> Vec<(u64, usize)> {
         let mut freezes = Vec::new();
         let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
         for step in 1..=steps {
-            if let Some(layer) = c.probe_due(step) {
-                let i = seen.entry(layer).or_default();
-                if let Some(Action::Freeze { layer, .. }) = c.observe(step, layer, curve(layer, *i)) {
-                    freezes.push((step, layer));
+            if let Some(layers) = c.probe_due(step) {
+                let mut values = Vec::new();
+                for layer in layers {
+                    let i = seen.entry(layer).or_default();
+                    values.push((layer, curve(layer, *i)));
+                    *i += 1;
                 }
-                *seen.get_mut(&layer).unwrap() += 1;
+                for action in c.observe(step, &values) {
+                    if let Action::Freeze { layer, .. } = action {
+                        freezes.push((step, layer));
+                    }
+                }
             }
         }
         freezes
@@ -420,12 +483,39 @@ mod tests {
         assert_eq!(freezes, vec![(80, 0), (120, 1)]);
         assert_eq!(c.depth(), 2);
         assert_eq!(c.probe_due(130), None);
-        // A value for a layer that is not the candidate is ignored.
+        // Without `ahead` only the candidate is probed, and values of frozen layers are
+        // dropped.
         let mut c = Controller::new(knobs(), 3).unwrap();
-        for step in [50, 60, 70, 80] {
-            assert_eq!(c.observe(step, 1, 1.0), None);
+        assert_eq!(c.probe_due(50), Some(0..1));
+        for step in [50, 60, 70] {
+            assert_eq!(c.observe(step, &[(0, 1.0)]), vec![]);
         }
-        assert_eq!(c.depth(), 0);
+        assert_eq!(c.observe(80, &[(0, 1.0)]).len(), 1);
+        assert_eq!(c.observe(90, &[(0, 1.0), (2, 1.0)]), vec![], "layer 0 is frozen, layer 2 is the last");
+        assert_eq!(c.state().histories.get(&0).map(Vec::len), Some(4));
+        assert!(!c.state().histories.contains_key(&1) && !c.state().histories.contains_key(&2));
+    }
+
+    #[test]
+    fn measuring_ahead_lets_the_layers_behind_a_frozen_one_follow_at_once() {
+        let ahead = Knobs { ahead: true, ..knobs() };
+        // Every layer flat from the start: all but the last freeze with the first full
+        // window, in one update, front to back.
+        let mut c = Controller::new(ahead.clone(), 4).unwrap();
+        assert_eq!(c.probe_due(50), Some(0..3), "every layer that can freeze");
+        assert_eq!(run(&mut c, 200, |_, _| 1.0), vec![(80, 0), (80, 1), (80, 2)]);
+        // The candidate alone: one layer per window of W probes.
+        let mut c = Controller::new(knobs(), 4).unwrap();
+        assert_eq!(run(&mut c, 200, |_, _| 1.0), vec![(80, 0), (120, 1), (160, 2)]);
+        // Layer 1 still falling when layer 0 settles: it waits, and freezes when its own
+        // window is flat, while layer 2 (flat all along) follows it in the same update.
+        let curve = |l: usize, i: usize| if l == 1 && i < 6 { 2.0 - 0.2 * i as f64 } else { 1.0 };
+        let mut c = Controller::new(ahead, 4).unwrap();
+        assert_eq!(run(&mut c, 200, curve), vec![(80, 0), (130, 1), (130, 2)]);
+        // A rebuild starts every history afresh.
+        let mut c = Controller::new(Knobs { ahead: true, ..knobs() }, 4).unwrap();
+        c.observe(50, &[(0, 1.0), (1, 1.0), (2, 1.0)]);
+        c.reference_rebuilt(60);
         assert!(c.state().histories.is_empty());
     }
 
@@ -459,9 +549,38 @@ mod tests {
         assert_eq!(c.reference_due(140), None);
         assert!(c.reference_due(150).is_some());
         // A rebuild starts the candidate's history afresh.
-        c.observe(150, 0, 1.0);
+        c.observe(150, &[(0, 1.0)]);
         c.reference_rebuilt(150);
         assert!(!c.state().histories.contains_key(&0));
+    }
+
+    #[test]
+    fn a_lagged_controller_rebuilds_at_every_probe_and_keeps_its_histories() {
+        let lagged = Knobs { lagged: true, refresh: 0, ..knobs() };
+        assert!(lagged.check().is_ok(), "R is not used when lagged");
+        let mut c = Controller::new(lagged, 3).unwrap();
+        // The first probe has nothing to measure against: it only builds the reference.
+        assert!(!c.measures_at(50));
+        assert!(matches!(c.reference_due(50), Some(Action::RebuildReference { .. })));
+        c.reference_rebuilt(50);
+        assert!(c.measures_at(60) && !c.measures_at(65));
+        match c.reference_due(60) {
+            Some(Action::RebuildReference { reason }) => {
+                assert!(reason.text.contains("10 updates before"), "{reason:?}")
+            }
+            other => panic!("a rebuild at every probe, not {other:?}"),
+        }
+        // Values against successive references form one history: a rebuild keeps it, and
+        // a flat curve freezes once W values are in (probes 60..90; 50 only built).
+        for step in [60, 70, 80] {
+            assert_eq!(c.observe(step, &[(0, 1.0)]), vec![]);
+            c.reference_rebuilt(step);
+        }
+        assert_eq!(c.state().histories.get(&0).map(Vec::len), Some(3));
+        assert!(matches!(c.observe(90, &[(0, 1.0)])[..], [Action::Freeze { layer: 0, .. }]));
+        // A learning-rate drop still clears them, and the next probe builds again.
+        c.on_lr_change(1.0, 0.1);
+        assert!(c.state().histories.is_empty() && !c.measures_at(100));
     }
 
     #[test]
@@ -471,7 +590,7 @@ mod tests {
         let text = serde_json::to_string(a.state()).unwrap();
         let mut b = Controller::restore(knobs(), 4, serde_json::from_str(&text).unwrap()).unwrap();
         assert_eq!(a, b);
-        assert_eq!(a.observe(80, 0, 1.0), b.observe(80, 0, 1.0));
+        assert_eq!(a.observe(80, &[(0, 1.0)]), b.observe(80, &[(0, 1.0)]));
         assert!(Controller::restore(knobs(), 4, ControllerState { depth: 4, ..Default::default() }).is_err());
     }
 

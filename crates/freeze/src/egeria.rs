@@ -132,13 +132,36 @@ pub fn parse_schedule(text: &str, layers: usize) -> Result<Vec<(u64, usize)>> {
     Ok(points)
 }
 
-/// A probe whose value is applied after update `apply_at`.
+/// A probe whose values are applied after update `apply_at`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "PendingForm")]
 struct Pending {
     step: u64,
-    layer: usize,
+    /// The layers measured, the candidate first.
+    layers: Vec<usize>,
     apply_at: u64,
-    sp: Option<f64>,
+    /// (layer, SP) once the runner has answered.
+    values: Option<Vec<(usize, f64)>>,
+}
+
+/// A pending probe as checkpoints hold it: this version's, or one layer's, as
+/// checkpoints written before every active layer was measured.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum PendingForm {
+    Layers { step: u64, layers: Vec<usize>, apply_at: u64, values: Option<Vec<(usize, f64)>> },
+    Candidate { step: u64, layer: usize, apply_at: u64, sp: Option<f64> },
+}
+
+impl From<PendingForm> for Pending {
+    fn from(form: PendingForm) -> Pending {
+        match form {
+            PendingForm::Layers { step, layers, apply_at, values } => Pending { step, layers, apply_at, values },
+            PendingForm::Candidate { step, layer, apply_at, sp } => {
+                Pending { step, layers: vec![layer], apply_at, values: sp.map(|sp| vec![(layer, sp)]) }
+            }
+        }
+    }
 }
 
 /// What a checkpoint holds of the freezer.
@@ -669,7 +692,7 @@ impl edgefreeze_train::Controller for Freezer {
             return Ok(Some(Saved { json, tensors: Vec::new() }));
         };
         // Settle every value in flight, so the saved state is complete.
-        while a.pending.iter().any(|p| p.sp.is_none()) {
+        while a.pending.iter().any(|p| p.values.is_none()) {
             let start = Instant::now();
             let reply = a.runner.wait().map_err(train_err)?;
             a.waited += start.elapsed().as_secs_f64();
@@ -719,9 +742,9 @@ impl edgefreeze_train::Controller for Freezer {
 fn take_reply(a: &mut Auto, reply: Reply) -> Result<()> {
     match reply {
         Reply::Rebuilt { .. } => Ok(()),
-        Reply::Plasticity { step, layer, sp, .. } => {
-            if let Some(p) = a.pending.iter_mut().find(|p| p.step == step && p.layer == layer) {
-                p.sp = Some(sp);
+        Reply::Plasticity { step, values, .. } => {
+            if let Some(p) = a.pending.iter_mut().find(|p| p.step == step && p.values.is_none()) {
+                p.values = Some(values);
             }
             Ok(())
         }
@@ -755,46 +778,72 @@ impl Freezer {
         let lag = a.logic.knobs().every.saturating_sub(1).max(1);
         let mut measured = Vec::new();
         while let Some(i) = a.pending.iter().position(|p| p.apply_at <= step) {
-            while a.pending[i].sp.is_none() {
+            while a.pending[i].values.is_none() {
                 let start = Instant::now();
                 let reply = a.runner.wait()?;
                 a.waited += start.elapsed().as_secs_f64();
                 take_reply(a, reply)?;
             }
             let p = a.pending.remove(i);
-            let sp = p.sp.expect("waited for above");
-            if p.layer == a.logic.depth() {
-                measured.push((p.step, p.layer, sp));
+            let values = p.values.expect("waited for above");
+            // The values of layers still active: what the controller takes.
+            let active: Vec<(usize, f64)> = values.iter().copied().filter(|&(l, _)| l >= a.logic.depth()).collect();
+            if !active.is_empty() {
+                measured.push((p.step, active));
             }
-            actions.extend(a.logic.observe(p.step, p.layer, sp));
+            actions.extend(a.logic.observe(p.step, &values));
         }
-        if let Some(layer) = a.logic.probe_due(step) {
+        if let Some(layers) = a.logic.probe_due(step) {
+            let layers: Vec<usize> = layers.collect();
             let input = a.probe_input.clone().ok_or_else(|| FreezeError::Reference("no probe batch".into()))?;
             let start = Instant::now();
-            if let Some(Action::RebuildReference { reason }) = a.logic.reference_due(step) {
-                let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
-                a.runner.send(rebuild_request(&self.model, &snap)?)?;
-                a.snapshot = Some(snap);
-                a.logic.reference_rebuilt(step);
-                a.rebuilds += 1;
-                actions.push(Action::RebuildReference { reason });
+            let lagged = a.logic.knobs().lagged;
+            let measure = a.logic.measures_at(step);
+            let mut due = a.logic.reference_due(step);
+            // The runner answers in order: lagged, the measurement goes first and meets
+            // the reference of the probe before; otherwise a due rebuild goes first.
+            let mut rebuild = |a: &mut Auto, actions: &mut Vec<Action>| -> Result<()> {
+                if let Some(Action::RebuildReference { reason }) = due.take() {
+                    // A lagged run rebuilds at every probe: only the first reference (of
+                    // the run, or after a learning-rate drop) is worth a line in the log.
+                    let routine = lagged && a.logic.state().reference_step.is_some();
+                    let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
+                    a.runner.send(rebuild_request(&self.model, &snap)?)?;
+                    a.snapshot = Some(snap);
+                    a.logic.reference_rebuilt(step);
+                    a.rebuilds += 1;
+                    if !routine {
+                        actions.push(Action::RebuildReference { reason });
+                    }
+                }
+                Ok(())
+            };
+            if !lagged {
+                rebuild(a, &mut actions)?;
             }
-            let parameters = live_values(&self.model, &self.state_names, state)?;
-            a.runner.send(Request::Measure { step, layer, parameters })?;
+            if measure {
+                let parameters = live_values(&self.model, &self.state_names, state)?;
+                a.runner.send(Request::Measure { step, layers: layers.clone(), parameters })?;
+                a.pending.push(Pending { step, layers, apply_at: step + lag, values: None });
+                a.probes += 1;
+            }
+            rebuild(a, &mut actions)?;
             a.waited += start.elapsed().as_secs_f64();
-            a.pending.push(Pending { step, layer, apply_at: step + lag, sp: None });
-            a.probes += 1;
         }
         let mut decisions: Vec<Decision> = measured
             .into_iter()
-            .map(|(at, layer, sp)| Decision {
-                epoch: self.epoch,
-                step,
-                kind: DecisionKind::Plasticity,
-                layer: Some(layer),
-                depth: self.depth,
-                history: vec![sp],
-                reason: format!("SP of layer {layer} against the reference, measured after update {at}"),
+            .map(|(at, values)| {
+                let (first, last) = (values[0].0, values[values.len() - 1].0);
+                let layers = if first == last { format!("layer {first}") } else { format!("layers {first}..={last}") };
+                Decision {
+                    epoch: self.epoch,
+                    step,
+                    kind: DecisionKind::Plasticity,
+                    layer: Some(first),
+                    depth: self.depth,
+                    history: values.iter().map(|v| v.1).collect(),
+                    reason: format!("SP of {layers} (in that order) against the reference, measured after update {at}"),
+                }
             })
             .collect();
         for action in actions {
@@ -873,6 +922,18 @@ fn rebuild_request(model: &Model, snapshot: &Snapshot) -> Result<Request> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_probes_read_from_checkpoints_of_either_form() {
+        let now = Pending { step: 40, layers: vec![2, 3], apply_at: 49, values: Some(vec![(2, 0.5), (3, 0.25)]) };
+        let text = serde_json::to_string(&now).unwrap();
+        assert_eq!(serde_json::from_str::<Pending>(&text).unwrap(), now);
+        // A checkpoint written when only the candidate was measured.
+        let old: Pending = serde_json::from_str(r#"{"step":40,"layer":2,"apply_at":49,"sp":0.5}"#).unwrap();
+        assert_eq!(old, Pending { step: 40, layers: vec![2], apply_at: 49, values: Some(vec![(2, 0.5)]) });
+        let unanswered: Pending = serde_json::from_str(r#"{"step":40,"layer":2,"apply_at":49,"sp":null}"#).unwrap();
+        assert_eq!(unanswered.values, None);
+    }
 
     #[test]
     fn the_probe_batch_is_drawn_once_from_the_seed_out_of_the_runs_samples() {

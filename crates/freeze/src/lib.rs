@@ -33,4 +33,4 @@ pub use cache::{ActivationCache, CacheIdentity, CacheKey, CacheStats, Reopened};
 pub use controller::{Action, Controller, ControllerState, Knobs, Reason};
 pub use error::{FreezeError, Result};
 pub use runner::{ReferenceRunner, Reply, Request};
-pub use sp::sp_loss;
+pub use sp::{Gram, sp_loss};

@@ -8,7 +8,7 @@
 
 use crate::error::{FreezeError, Result};
 use crate::reference::{calibration_model, calibration_output, live_probe_model, probe_name, ranges, reference_model};
-use crate::sp::sp_loss;
+use crate::sp::{Gram, sp_loss};
 use edgefreeze_engine::{EngineKind, EngineOptions, Session, Value};
 use edgefreeze_graph::analysis::Analysis;
 use edgefreeze_graph::ir::Model;
@@ -28,16 +28,16 @@ pub enum Request {
         /// A batch to calibrate on.
         calibration: Value,
     },
-    /// Measure the plasticity of `layer` on the fixed probe batch (the calibration
+    /// Measure the plasticity of `layers` on the fixed probe batch (the calibration
     /// batch of the last rebuild): the runner runs the float model at `parameters` (the
-    /// live values, copied after update `step`) and compares its activation after
-    /// `layer` with the reference model's on the same samples, by the SP loss. The same
-    /// samples at every measurement: the values differ only because the model moved.
+    /// live values, copied after update `step`) once and compares its activation after
+    /// each layer with the reference model's on the same samples, by the SP loss. The
+    /// same samples at every measurement: the values differ only because the model moved.
     Measure {
         /// The update after which the parameters were copied.
         step: u64,
-        /// The layer whose output is compared.
-        layer: usize,
+        /// The layers whose outputs are compared.
+        layers: Vec<usize>,
         /// The live parameters and statistics the float model runs with (the same
         /// names at every measurement).
         parameters: Vec<(String, Value)>,
@@ -68,14 +68,12 @@ pub enum Reply {
         /// Seconds spent calibrating, building and loading it.
         seconds: f64,
     },
-    /// A plasticity value.
+    /// Plasticity values.
     Plasticity {
         /// The update the probe was taken after.
         step: u64,
-        /// The layer.
-        layer: usize,
-        /// The SP loss.
-        sp: f64,
+        /// (layer, SP loss), in the order asked for.
+        values: Vec<(usize, f64)>,
         /// Seconds the reference forward pass and the SP loss took.
         seconds: f64,
     },
@@ -197,10 +195,11 @@ struct Held {
     reference: Option<(Box<dyn Session>, String)>,
     /// The float model of the last rebuild (its parameters are replaced per measurement).
     float: Option<Model>,
-    /// The probe batch (the last calibration batch) and the reference's activations on
-    /// it, per probed layer: computed once per rebuild, since neither changes until then.
+    /// The probe batch (the last calibration batch) and the Gram matrices of the
+    /// reference's activations on it, per probed layer: computed once per rebuild, since
+    /// neither changes until then.
     batch: Option<Value>,
-    reference_outputs: Vec<(usize, Vec<f32>)>,
+    reference_grams: Vec<(usize, Gram)>,
     /// The float model with its parameters as inputs, and those inputs' names.
     live: Option<(Box<dyn Session>, Vec<String>)>,
 }
@@ -223,7 +222,7 @@ fn serve(
                         held.reference = Some((s, model.graph.inputs[0].name.clone()));
                         held.float = Some(*model);
                         held.batch = Some(calibration);
-                        held.reference_outputs = outputs;
+                        held.reference_grams = outputs;
                         Reply::Rebuilt { step, nodes, seconds: start.elapsed().as_secs_f64() }
                     }
                     Err(e) => {
@@ -232,16 +231,18 @@ fn serve(
                     }
                 }
             }
-            Request::Measure { step, layer, parameters } => {
-                match measure(&engine, &options, &analysis, &probes, &mut held, layer, &parameters) {
-                    Ok(sp) => Reply::Plasticity { step, layer, sp, seconds: start.elapsed().as_secs_f64() },
+            Request::Measure { step, layers, parameters } => {
+                match measure(&engine, &options, &analysis, &probes, &mut held, &layers, &parameters) {
+                    Ok(values) => Reply::Plasticity { step, values, seconds: start.elapsed().as_secs_f64() },
                     Err(e) => Reply::Failed { step, message: e.to_string() },
                 }
             }
             Request::Probe { step, layer, input, train } => match held.reference.as_mut() {
                 None => Reply::Failed { step, message: "no reference model built yet".into() },
                 Some((s, name)) => match probe(s.as_mut(), name, layer, &input, &train) {
-                    Ok(sp) => Reply::Plasticity { step, layer, sp, seconds: start.elapsed().as_secs_f64() },
+                    Ok(sp) => {
+                        Reply::Plasticity { step, values: vec![(layer, sp)], seconds: start.elapsed().as_secs_f64() }
+                    }
                     Err(e) => Reply::Failed { step, message: e.to_string() },
                 },
             },
@@ -260,18 +261,22 @@ fn measure(
     analysis: &Analysis,
     probes: &[usize],
     held: &mut Held,
-    layer: usize,
+    layers: &[usize],
     parameters: &[(String, Value)],
-) -> Result<f64> {
+) -> Result<Vec<(usize, f64)>> {
     let (Some(model), Some(batch)) = (&held.float, &held.batch) else {
         return Err(FreezeError::Reference("no reference model built yet".into()));
     };
-    let reference = held
-        .reference_outputs
-        .iter()
-        .find(|(l, _)| *l == layer)
-        .map(|(_, v)| v)
-        .ok_or_else(|| FreezeError::Reference(format!("the reference model does not expose layer {layer}")))?;
+    let mut references = Vec::with_capacity(layers.len());
+    for &layer in layers {
+        let reference = held
+            .reference_grams
+            .iter()
+            .find(|(l, _)| *l == layer)
+            .map(|(_, v)| v)
+            .ok_or_else(|| FreezeError::Reference(format!("the reference model does not expose layer {layer}")))?;
+        references.push((layer, reference));
+    }
     let names: Vec<String> = parameters.iter().map(|(n, _)| n.clone()).collect();
     if held.live.as_ref().is_none_or(|(_, n)| *n != names) {
         let live = live_probe_model(model, analysis, &names, probes)?;
@@ -282,11 +287,16 @@ fn measure(
     let input = model.graph.inputs.first().ok_or_else(|| FreezeError::Reference("the model has no input".into()))?;
     let mut feeds: Vec<(&str, &Value)> = vec![(input.name.as_str(), batch)];
     feeds.extend(parameters.iter().map(|(n, v)| (n.as_str(), v)));
+    // One forward pass gives every probed layer's activation.
     let outputs = session.run(&feeds)?;
-    let name = probe_name(layer);
-    let i = session.output_names().iter().position(|o| *o == name).expect("every probed layer is exposed");
-    let train = flatten(&name, &outputs[i])?;
-    sp_loss(&train, reference, batch.shape().first().copied().unwrap_or(0))
+    let samples = batch.shape().first().copied().unwrap_or(0);
+    let mut values = Vec::with_capacity(references.len());
+    for (layer, reference) in references {
+        let name = probe_name(layer);
+        let i = session.output_names().iter().position(|o| *o == name).expect("every probed layer is exposed");
+        values.push((layer, Gram::of(&flatten(&name, &outputs[i])?, samples, "training")?.sp(reference)?));
+    }
+    Ok(values)
 }
 
 fn flatten(name: &str, v: &Value) -> Result<Vec<f32>> {
@@ -295,9 +305,9 @@ fn flatten(name: &str, v: &Value) -> Result<Vec<f32>> {
         .ok_or_else(|| FreezeError::Reference(format!("output {name:?} is not f32")))
 }
 
-/// A rebuilt reference: its session, its node count, and its activations on the
-/// calibration batch per probed layer.
-type Rebuilt = (Box<dyn Session>, usize, Vec<(usize, Vec<f32>)>);
+/// A rebuilt reference: its session, its node count, and the Gram matrices of its
+/// activations on the calibration batch per probed layer.
+type Rebuilt = (Box<dyn Session>, usize, Vec<(usize, Gram)>);
 
 fn rebuild(
     engine: &EngineKind,
@@ -324,11 +334,12 @@ fn rebuild(
     let mut session = edgefreeze_engine::load(engine, &edgefreeze_graph::save::encode_model(&reference), options)?;
     // Its activations on the calibration batch, which is also the probe batch.
     let outputs = session.run(&[(input.as_str(), calibration)])?;
+    let samples = calibration.shape().first().copied().unwrap_or(0);
     let mut on_batch = Vec::new();
     for &l in probes {
         let name = probe_name(l);
         let i = session.output_names().iter().position(|o| *o == name).expect("every probed layer is exposed");
-        on_batch.push((l, flatten(&name, &outputs[i])?));
+        on_batch.push((l, Gram::of(&flatten(&name, &outputs[i])?, samples, "reference")?));
     }
     Ok((session, nodes, on_batch))
 }

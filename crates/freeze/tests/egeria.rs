@@ -142,8 +142,20 @@ fn quick_knobs() -> Knobs {
     // A tolerance so loose that layers freeze within a few epochs of a tiny run: after a
     // rebuild, the SP of a layer that still learns grows about linearly from 0, a slope
     // near its mean (the decision rule itself is unit-tested in controller.rs; this test
-    // is about the mechanics and exact resume).
-    Knobs { every: 3, warmup: 3, window: 3, tolerance: 1.5, refresh: 12, lr_drop: 5.0, unfreeze_to: 0, confidence: 0.0 }
+    // is about the mechanics and exact resume). Every active layer is measured (the
+    // default), so the values in flight at a checkpoint are of several layers.
+    Knobs {
+        every: 3,
+        warmup: 3,
+        window: 3,
+        tolerance: 1.5,
+        refresh: 12,
+        lr_drop: 5.0,
+        unfreeze_to: 0,
+        confidence: 0.0,
+        ahead: true,
+        lagged: true,
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -182,22 +194,25 @@ fn decisions(dir: &Path) -> Vec<Decision> {
 
 #[test]
 fn auto_freezing_resumes_bit_for_bit_after_freezing_mid_way() {
-    resumes_bit_for_bit(EngineKind::Tract);
+    // The published rule: the candidate alone, against one reference per R updates.
+    resumes_bit_for_bit(EngineKind::Tract, Knobs { ahead: false, lagged: false, ..quick_knobs() });
 }
 
 #[test]
 fn auto_freezing_resumes_bit_for_bit_on_onnx_runtime() {
-    resumes_bit_for_bit(EngineKind::Ort(edgefreeze_engine::Provider::Cpu));
+    // The defaults: every active layer, each value against the reference of the probe
+    // before (rebuilt at every probe, so one is in flight at the resume point too).
+    resumes_bit_for_bit(EngineKind::Ort(edgefreeze_engine::Provider::Cpu), quick_knobs());
 }
 
-fn resumes_bit_for_bit(engine: EngineKind) {
+fn resumes_bit_for_bit(engine: EngineKind, knobs: Knobs) {
     if !data_available() {
         return;
     }
     // A step decay at epoch 3 exercises the unfreezing too.
     let recipe = recipe(4, "step:every=3,gamma=0.1");
     let whole = tempfile::tempdir().unwrap();
-    create(whole.path(), &recipe, &auto(quick_knobs()));
+    create(whole.path(), &recipe, &auto(knobs));
     let t = train_on(whole.path(), engine.clone());
     let d = decisions(whole.path());
     let freezes: Vec<&Decision> = d.iter().filter(|d| d.kind == DecisionKind::Freeze).collect();

@@ -39,7 +39,8 @@ fn the_runner_rebuilds_and_measures_off_the_calling_thread() {
     }
     assert!(matches!(replies[0], Reply::Rebuilt { step: 2, nodes, .. } if nodes > m.graph.nodes.len()));
     match replies[1] {
-        Reply::Plasticity { step: 3, layer: 1, sp, seconds } => {
+        Reply::Plasticity { step: 3, ref values, seconds } => {
+            let [(1, sp)] = values[..] else { panic!("one value, of layer 1: {values:?}") };
             assert!(sp < 1e-4, "SP {sp}");
             assert!(seconds > 0.0);
         }
@@ -72,15 +73,17 @@ fn measurements_run_the_float_model_at_the_given_parameters_on_the_fixed_batch()
         .collect();
 
     // Before any reference model there is no probe batch: a failure reply.
-    runner.send(Request::Measure { step: 1, layer: 0, parameters: own.clone() }).unwrap();
+    runner.send(Request::Measure { step: 1, layers: vec![0], parameters: own.clone() }).unwrap();
     assert!(matches!(runner.wait().unwrap(), Reply::Failed { step: 1, .. }));
 
     runner.send(Request::Rebuild { step: 2, model: Box::new(m.clone()), calibration: input }).unwrap();
     assert!(matches!(runner.wait().unwrap(), Reply::Rebuilt { step: 2, .. }));
     let mut measure = |step: u64, layer: usize, parameters: Vec<(String, Value)>| {
-        runner.send(Request::Measure { step, layer, parameters }).unwrap();
+        runner.send(Request::Measure { step, layers: vec![layer], parameters }).unwrap();
         match runner.wait().unwrap() {
-            Reply::Plasticity { step: s, layer: l, sp, .. } if s == step && l == layer => sp,
+            Reply::Plasticity { step: s, values, .. } if s == step && values.len() == 1 && values[0].0 == layer => {
+                values[0].1
+            }
             other => panic!("expected a plasticity value, got {other:?}"),
         }
     };
@@ -107,5 +110,24 @@ fn measurements_run_the_float_model_at_the_given_parameters_on_the_fixed_batch()
     let at_moved = measure(5, 1, moved.clone());
     assert!(at_moved > 10.0 * at_own.max(1e-9), "SP {at_moved} moved, {at_own} at the reference's parameters");
     // Layer 0 comes before conv2: moving conv2 does not change it.
-    assert_eq!(measure(6, 0, moved).to_bits(), measure(7, 0, own).to_bits());
+    assert_eq!(measure(6, 0, moved.clone()).to_bits(), measure(7, 0, own.clone()).to_bits());
+
+    // Both layers in one request: one forward pass, the same values as one at a time.
+    let (l0, l1) = (measure(8, 0, moved.clone()), measure(9, 1, moved.clone()));
+    runner.send(Request::Measure { step: 10, layers: vec![0, 1], parameters: moved }).unwrap();
+    match runner.wait().unwrap() {
+        Reply::Plasticity { step: 10, values, .. } => {
+            assert_eq!(
+                values.iter().map(|v| (v.0, v.1.to_bits())).collect::<Vec<_>>(),
+                [(0, l0.to_bits()), (1, l1.to_bits())]
+            )
+        }
+        other => panic!("expected plasticity values, got {other:?}"),
+    }
+    // A layer the reference model does not expose fails the request, naming it.
+    runner.send(Request::Measure { step: 11, layers: vec![0, 7], parameters: own }).unwrap();
+    match runner.wait().unwrap() {
+        Reply::Failed { step: 11, message } => assert!(message.contains("layer 7"), "{message}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
 }

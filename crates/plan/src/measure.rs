@@ -120,7 +120,8 @@ pub struct EdgeCutTimes {
     /// The edge step (forward, loss and backward of the edge side) of one micro-batch,
     /// from its arrival to its reply being ready (the edge's own clock).
     pub step: Affine,
-    /// The edge's optimizer update, once per step.
+    /// The edge's optimizer update, once per step, on the edge's own clock (the cost
+    /// model adds the link's round trip of the call).
     pub apply_s: f64,
     /// How much slower each side computed at this cut while the other computed too
     /// (the concurrent probe); a side not measured takes the cost model's default.

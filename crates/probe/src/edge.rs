@@ -1,8 +1,8 @@
 //! One edge server's step time at one cut: a session of its own (the split the device
 //! would train, under a throwaway run id), real micro-batches (the device forward's
 //! activations at that cut) sent one at a time, the edge's own timestamps read from each
-//! reply, one update timed (learning rate 0: the session is thrown away), and the
-//! session closed.
+//! reply, one update (learning rate 0: the session is thrown away) whose compute time
+//! the edge's answer gives, and the session closed.
 //!
 //! Then, in the same session, the **concurrent probe**: the device runs its own forward
 //! and backward at that cut over and over on a thread of its own while more micro-batches
@@ -41,8 +41,8 @@ pub struct EdgeProbe<'a> {
     /// The run id of the probe's session (unique: an edge that keeps checkpoints refuses
     /// a new run under a name it holds).
     pub run_id: String,
-    /// Seconds of edge update per byte of session state, when given; `None`: the probe
-    /// times one update of its session (learning rate 0, no checkpoint).
+    /// Seconds of edge update per byte of session state, when given; `None`: the edge's
+    /// compute time of one update of the probe's session (learning rate 0, no checkpoint).
     pub apply_s_per_byte: Option<f64>,
     /// A server that does not answer a call or a micro-batch within this long is lost.
     pub timeout: std::time::Duration,
@@ -154,15 +154,13 @@ pub fn time_cut(
             }
             _ => None,
         };
-        // The step's every micro-batch is in: one update, timed from the device with its
-        // round trip, as a training step's edge update is.
+        // The step's every micro-batch is in: one update, and the seconds the edge says
+        // it computed it for. The cost model adds the link's round trip itself
+        // (`edgefreeze_plan::cost`), as for `--apply-rate`; the wall time seen from the
+        // device would count that round trip twice, and the device's own load besides.
         let apply_s = match probe.apply_s_per_byte {
             Some(per_byte) => state_bytes as f64 * per_byte,
-            None => {
-                let started = std::time::Instant::now();
-                link.apply_update(&Tag { micro_batch: 0, ..tag_of(&header) }, 0.0, false)?;
-                started.elapsed().as_secs_f64()
-            }
+            None => link.timed_update(&Tag { micro_batch: 0, ..tag_of(&header) }, 0.0, false)?.1,
         };
         Ok((times, concurrent, apply_s))
     })();

@@ -50,7 +50,7 @@ fn edge_server_with(limits: edgefreeze_wire::Limits) -> (String, tokio::runtime:
 #[test]
 fn a_shaped_link_and_the_edge_at_every_cut_are_measured() {
     let (address, runtime, server) = edge_server();
-    let delay = Duration::from_millis(5);
+    let delay = Duration::from_millis(15);
     let (up, down) = (2e6, 4e6);
     let shaper = runtime
         .block_on(Shaper::start(address.parse().unwrap(), Shape::new(up, delay), Shape::new(down, delay)))
@@ -77,10 +77,11 @@ fn a_shaped_link_and_the_edge_at_every_cut_are_measured() {
     assert!(link.up_bytes_per_s <= 1.25 * up && link.down_bytes_per_s <= 1.25 * down, "{link:?}");
     assert_eq!(m.servers[0].cuts.iter().map(|c| c.cut).collect::<Vec<_>>(), vec![0, 1]);
     assert!(m.servers[0].cuts.iter().all(|c| c.step.at(64.0) > 0.0));
-    // The edge's update is one update timed through the shaped link: its round trip at
-    // least.
+    // The edge's update is its own compute time of one update, without the shaped link's
+    // round trip (the cost model adds that once: counted in here too, it was twice). This
+    // model's update is a few hundred parameters, microseconds against the 30 ms round trip.
     let round_trip = 2.0 * delay.as_secs_f64();
-    assert!(m.servers[0].cuts.iter().all(|c| c.apply_s >= round_trip), "{:?}", m.servers[0].cuts);
+    assert!(m.servers[0].cuts.iter().all(|c| c.apply_s > 0.0 && c.apply_s < round_trip), "{:?}", m.servers[0].cuts);
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert!(report.elapsed_s >= report.device_s + report.links_s + report.edges_s - 1e-9);
     // The probe sessions are gone.
