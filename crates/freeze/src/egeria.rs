@@ -738,6 +738,19 @@ impl edgefreeze_train::Controller for Freezer {
     }
 }
 
+impl Auto {
+    /// Sends the runner the reference model of `values` (the live parameters after
+    /// `step`), calibrated on the probe batch, and keeps them for the checkpoints.
+    fn rebuild(&mut self, model: &Model, step: u64, values: Vec<(String, Value)>, probe: &Value) -> Result<()> {
+        let snap = Snapshot { step, values, calibration: probe.clone() };
+        self.runner.send(rebuild_request(model, &snap)?)?;
+        self.snapshot = Some(snap);
+        self.logic.reference_rebuilt(step);
+        self.rebuilds += 1;
+        Ok(())
+    }
+}
+
 /// Stores a runner reply in the pending value it answers.
 fn take_reply(a: &mut Auto, reply: Reply) -> Result<()> {
     match reply {
@@ -799,35 +812,32 @@ impl Freezer {
             let start = Instant::now();
             let lagged = a.logic.knobs().lagged;
             let measure = a.logic.measures_at(step);
-            let mut due = a.logic.reference_due(step);
+            let mut rebuild = match a.logic.reference_due(step) {
+                Some(Action::RebuildReference { reason }) => Some(reason),
+                _ => None,
+            };
+            // A lagged run rebuilds at every probe: only the first reference (of the run,
+            // or after a learning-rate drop) is worth a line in the log.
+            let routine = lagged && a.logic.state().reference_step.is_some();
+            // Copied once, for the measurement and the rebuild alike.
+            let parameters = live_values(&self.model, &self.state_names, state)?;
             // The runner answers in order: lagged, the measurement goes first and meets
             // the reference of the probe before; otherwise a due rebuild goes first.
-            let mut rebuild = |a: &mut Auto, actions: &mut Vec<Action>| -> Result<()> {
-                if let Some(Action::RebuildReference { reason }) = due.take() {
-                    // A lagged run rebuilds at every probe: only the first reference (of
-                    // the run, or after a learning-rate drop) is worth a line in the log.
-                    let routine = lagged && a.logic.state().reference_step.is_some();
-                    let snap = snapshot(&self.model, &self.state_names, step, &input, state)?;
-                    a.runner.send(rebuild_request(&self.model, &snap)?)?;
-                    a.snapshot = Some(snap);
-                    a.logic.reference_rebuilt(step);
-                    a.rebuilds += 1;
-                    if !routine {
-                        actions.push(Action::RebuildReference { reason });
-                    }
-                }
-                Ok(())
-            };
-            if !lagged {
-                rebuild(a, &mut actions)?;
+            if !lagged && let Some(reason) = rebuild.take() {
+                a.rebuild(&self.model, step, parameters.clone(), &input)?;
+                actions.push(Action::RebuildReference { reason });
             }
             if measure {
-                let parameters = live_values(&self.model, &self.state_names, state)?;
-                a.runner.send(Request::Measure { step, layers: layers.clone(), parameters })?;
+                a.runner.send(Request::Measure { step, layers: layers.clone(), parameters: parameters.clone() })?;
                 a.pending.push(Pending { step, layers, apply_at: step + lag, values: None });
                 a.probes += 1;
             }
-            rebuild(a, &mut actions)?;
+            if let Some(reason) = rebuild {
+                a.rebuild(&self.model, step, parameters, &input)?;
+                if !routine {
+                    actions.push(Action::RebuildReference { reason });
+                }
+            }
             a.waited += start.elapsed().as_secs_f64();
         }
         let mut decisions: Vec<Decision> = measured
@@ -880,17 +890,6 @@ fn live_values(model: &Model, state_names: &HashSet<String>, state: &dyn StateVi
         values.push((name.clone(), state.state(name).map_err(|e| FreezeError::Reference(e.to_string()))?));
     }
     Ok(values)
-}
-
-/// The live parameters and the probe batch a reference model is built from.
-fn snapshot(
-    model: &Model,
-    state_names: &HashSet<String>,
-    step: u64,
-    input: &Value,
-    state: &dyn StateView,
-) -> Result<Snapshot> {
-    Ok(Snapshot { step, values: live_values(model, state_names, state)?, calibration: input.clone() })
 }
 
 /// The fixed probe batch: `n` of the run's training samples, drawn once from the seed
