@@ -16,14 +16,16 @@
 # `edgefreeze edge shape --rtt-ms RTT_MS` in its namespace (the rate stays tbf's), so the
 # probe measures it too. DEVICE_SLOW=F (1 to 10) runs every device process (the probe
 # and the training) in the CPU cgroup of `tools/netns.sh throttle --factor F`: 1/F of one
-# CPU, network threads included, while the edge has a whole CPU.
+# CPU, network threads included, while the edge has a whole CPU. EDGE_ENGINE (default
+# tract, the engine `edge serve` defaults to) is the edge server's engine, e.g. ort:cpu: a
+# server need not run the phone's pure-Rust engine.
 # Prints one Markdown table row per case (with the load average when it started), then
 # each case's stages, predicted and measured, and the concurrent probe's overlap factors.
 # usage: tools/edge_bench.sh MODEL BATCH LIMIT EPOCHS "M,M,..."
 set -euo pipefail
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}")
 NETNS=$(dirname "$(realpath "$0")")/netns.sh
-[[ $# -ge 5 ]] || { sed -n '2,22p' "$0"; exit 2; }
+[[ $# -ge 5 ]] || { sed -n '2,25p' "$0"; exit 2; }
 model=$(realpath "$1"); batch=$2; limit=$3; epochs=$4; ms=$5
 work=$(mktemp -d)
 cd "$work"
@@ -44,7 +46,7 @@ on_dev() {
   if [[ -n $CG ]]; then timeout 3600 sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$CG" $EX_DEV "$@"
   else timeout 3600 $EX_DEV "$@"; fi
 }
-$EX_EDGE $B edge serve --listen $LISTEN --tokens tokens.txt --threads 1 > edge.out 2> edge.err &
+$EX_EDGE $B edge serve --listen $LISTEN --tokens tokens.txt --threads 1 --engine "${EDGE_ENGINE:-tract}" > edge.out 2> edge.err &
 EDGE_PID=$!
 SHAPER_PID=
 trap 'kill $EDGE_PID $SHAPER_PID 2>/dev/null || true' EXIT

@@ -79,6 +79,11 @@ pub struct TrainArgs {
     /// against a reference built at the probe before, E updates earlier).
     #[arg(long)]
     pub freeze_fixed_reference: bool,
+    /// --freeze auto: judge a layer by how far its plasticity has fallen, not by its
+    /// slope: it is stable when the mean of its last W values is below FALL (0 to 1) ×
+    /// the highest mean of W consecutive values it had since the last clear.
+    #[arg(long, value_name = "FALL")]
+    pub freeze_fall: Option<f64>,
     /// --freeze auto: samples of the fixed probe batch (drawn once from the seed) that
     /// plasticity is measured on.
     #[arg(long, default_value_t = 32)]
@@ -270,6 +275,7 @@ fn freeze_settings(args: &TrainArgs, schedule: Option<&str>, layers: usize) -> R
                 confidence: args.freeze_confidence,
                 ahead: !args.freeze_candidate_only,
                 lagged: !args.freeze_fixed_reference,
+                fall: args.freeze_fall,
             },
             probe_batch: args.freeze_probe_batch,
             reference_threads: args.freeze_reference_threads,

@@ -228,6 +228,8 @@ fn bad_freezing_flags_are_refused_before_the_run_is_made() {
         (vec!["--freeze", "schedule:"], "empty freezing schedule"),
         (vec!["--freeze", "sometimes"], "--freeze \"sometimes\""),
         (vec!["--freeze", "auto", "--freeze-window", "1"], "at least 2 values"),
+        (vec!["--freeze", "auto", "--freeze-fall", "1.5"], "fall fraction 1.5"),
+        (vec!["--freeze", "auto", "--freeze-fall", "0.5", "--freeze-fixed-reference"], "needs the lagged reference"),
         (vec!["--freeze", "auto", "--cache-memory", "lots"], "--cache-memory"),
         (vec!["--freeze", "auto", "--cache-dir", &cache], "cannot create the cache folder"),
     ] {

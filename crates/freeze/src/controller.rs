@@ -7,7 +7,8 @@
 //! every E steps after a warm-up of B:     probe the candidate layer k (and, with
 //!                                         `ahead`, every active layer behind it)
 //! observe(step, [(l, SP)]):               history[l].push(SP) for each active l
-//!     while the last W values of k have |least-squares slope| < tol · mean:
+//!     while the last W values of k have |least-squares slope| < tol · mean
+//!     (with `fall`: their mean < φ · the highest mean of W values in k's history):
 //!         freeze k (k += 1)               (with `ahead`, k + 1's history is already there)
 //! reference older than R steps            →  rebuild it, start every history afresh
 //! learning rate ≤ old / ρ                 →  unfreeze to the set depth, clear histories, rebuild
@@ -57,6 +58,12 @@ pub struct Knobs {
     /// written before this knob).
     #[serde(default)]
     pub lagged: bool,
+    /// φ: with a lagged reference, judge a layer by how far its plasticity has fallen
+    /// rather than by its slope: stable when the mean of its last W values is below φ ×
+    /// the highest mean of W consecutive values in its history (since the last clear).
+    /// None: the slope rule (settings files written before this knob).
+    #[serde(default)]
+    pub fall: Option<f64>,
 }
 
 impl Default for Knobs {
@@ -77,6 +84,7 @@ impl Default for Knobs {
             confidence: 1.0,
             ahead: true,
             lagged: true,
+            fall: None,
         }
     }
 }
@@ -108,6 +116,17 @@ impl Knobs {
         }
         if self.confidence > 0.0 && self.window < 3 {
             return bad(format!("a slope's standard error needs a window of at least 3 values, not {}", self.window));
+        }
+        if let Some(fall) = self.fall {
+            if !(fall.is_finite() && fall > 0.0 && fall < 1.0) {
+                return bad(format!("the fall fraction {fall} must be between 0 and 1"));
+            }
+            if !self.lagged {
+                // Against one fixed reference a layer's SP grows from 0 as it moves away,
+                // and stops growing when it settles or saturates: it has no peak to fall
+                // from that means anything.
+                return bad("the fall rule needs the lagged reference (not --freeze-fixed-reference)".into());
+            }
         }
         if !(self.lr_drop.is_finite() && self.lr_drop > 1.0) {
             return bad(format!("the learning-rate drop factor {} must be above 1", self.lr_drop));
@@ -305,6 +324,9 @@ impl Controller {
             return None;
         }
         let window = &history[history.len() - w..];
+        if let Some(fall) = self.knobs.fall {
+            return fallen(step, history, w, fall);
+        }
         let fit = Fit::of(window);
         let z = self.knobs.confidence;
         // With z = 0 the error term is dropped whatever it is (two values have none).
@@ -359,6 +381,32 @@ impl Controller {
         actions.push(Action::RebuildReference { reason });
         actions
     }
+}
+
+/// Why a history has fallen, if it has: the mean of its last `w` values is below `fall` ×
+/// the highest mean of `w` consecutive values in it (the peak). Means of W values, not
+/// single values, on both sides: one value scatters by ±50% (docs/results.md), and a
+/// single high value would set a peak the layer never held.
+fn fallen(step: u64, history: &[f64], w: usize, fall: f64) -> Option<Reason> {
+    let means: Vec<f64> = history.windows(w).map(|v| v.iter().sum::<f64>() / w as f64).collect();
+    let now = *means.last()?;
+    if means.iter().any(|m| !m.is_finite()) {
+        return None;
+    }
+    let peak = means.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if now >= fall * peak {
+        return None;
+    }
+    let (slope, _) = slope_and_mean(&history[history.len() - w..]);
+    Some(Reason {
+        history: history[history.len() - w..].to_vec(),
+        slope: Some(slope),
+        mean: Some(now),
+        standard_error: None,
+        text: format!(
+            "plasticity fallen after update {step}: the mean {now:.3e} of the last {w} values is below {fall} × their peak {peak:.3e} (the highest mean of {w} consecutive values since the last clear)"
+        ),
+    })
 }
 
 /// A least-squares line through equally spaced values.
@@ -421,6 +469,7 @@ mod tests {
             confidence: 0.0,
             ahead: false,
             lagged: false,
+            fall: None,
         }
     }
 
@@ -581,6 +630,56 @@ mod tests {
         // A learning-rate drop still clears them, and the next probe builds again.
         c.on_lr_change(1.0, 0.1);
         assert!(c.state().histories.is_empty() && !c.measures_at(100));
+    }
+
+    #[test]
+    fn the_fall_rule_freezes_a_layer_once_its_plasticity_has_fallen_from_its_peak() {
+        let fall = Knobs { lagged: true, fall: Some(0.25), ..knobs() };
+        // Means of 4 consecutive values: 5 (values 0..3, the peak), 4.75, 3, 1.75, then 1
+        // (values 4..7), the first below 0.25 × 5: the 8th value measured. Lagged, the
+        // first probe (50) only builds the reference, so the 8th value is at 60 + 7 × 10.
+        let curve = |_: usize, i: usize| [2.0, 8.0, 6.0, 4.0][..].get(i).copied().unwrap_or(1.0);
+        let mut c = Controller::new(fall.clone(), 3).unwrap();
+        let mut freezes = Vec::new();
+        let mut i = 0;
+        for step in (50..=200).step_by(10) {
+            if c.measures_at(step) {
+                for action in c.observe(step, &[(c.depth(), curve(0, i))]) {
+                    if let Action::Freeze { layer, reason } = action {
+                        freezes.push((step, layer));
+                        assert!(reason.text.contains("fallen") && reason.text.contains("peak 5.000e0"), "{reason:?}");
+                        assert_eq!(reason.mean, Some(1.0));
+                    }
+                }
+                i += 1;
+            }
+            c.reference_rebuilt(step);
+        }
+        assert_eq!(freezes.first(), Some(&(130, 0)));
+        // A flat curve, however noisy, never falls; nor does a rising one.
+        let mut c = Controller::new(fall.clone(), 3).unwrap();
+        assert_eq!(run(&mut c, 1000, |_, i| noisy(i, 0.5)), vec![]);
+        let mut c = Controller::new(fall.clone(), 3).unwrap();
+        assert_eq!(run(&mut c, 1000, |_, i| 1.0 + i as f64), vec![]);
+        // A NaN in the history is never stable.
+        let mut c = Controller::new(fall, 3).unwrap();
+        c.state.histories.insert(0, vec![8.0, f64::NAN, 1.0, 0.1, 0.1, 0.01, 0.01]);
+        assert_eq!(c.observe(60, &[(0, 0.001)]), vec![]);
+    }
+
+    #[test]
+    fn the_fall_rule_needs_a_fraction_below_one_and_the_lagged_reference() {
+        let fall = |f: f64| Knobs { lagged: true, fall: Some(f), ..knobs() };
+        assert!(fall(0.1).check().is_ok());
+        for f in [0.0, 1.0, -0.1, f64::NAN] {
+            assert!(fall(f).check().is_err(), "{f}");
+        }
+        let fixed = Knobs { lagged: false, ..fall(0.1) };
+        assert!(fixed.check().unwrap_err().to_string().contains("lagged"));
+        // Settings written before the knob read as the slope rule.
+        let mut old = serde_json::to_value(knobs()).unwrap();
+        old.as_object_mut().unwrap().remove("fall");
+        assert_eq!(serde_json::from_value::<Knobs>(old).unwrap().fall, None);
     }
 
     #[test]

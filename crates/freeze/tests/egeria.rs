@@ -155,6 +155,7 @@ fn quick_knobs() -> Knobs {
         confidence: 0.0,
         ahead: true,
         lagged: true,
+        fall: None,
     }
 }
 
