@@ -42,7 +42,7 @@ def fit(values):
 
 def stable(history, a):
     w = a.window
-    if len(history) < w or any(not math.isfinite(v) for v in history):
+    if len(history) < w:
         return False
     if a.fall is not None:
         means = [sum(history[i:i + w]) / w for i in range(len(history) - w + 1)]
@@ -66,8 +66,7 @@ def replay(run, a):
     decisions = [r for r in rows if r.get("event") == "decision"]
     recorded = [(d["step"], d["layer"]) for d in decisions if d["kind"] == "freeze"]
     recorded += [(d["step"], "unfreeze") for d in decisions if d["kind"] == "unfreeze"]
-    histories, depth, out, diverged, stopped = {}, 0, [], None, None
-    layers = None
+    histories, depth, out, stopped = {}, 0, [], None
     for d in decisions:
         if d["kind"] == "rebuild-reference" and d["reason"].startswith("learning rate dropped"):
             histories = {}
@@ -78,32 +77,34 @@ def replay(run, a):
         if d["kind"] != "plasticity":
             continue
         first = d["layer"]
-        if layers is None:
-            layers = first + len(d["history"]) + 1  # the values stop before the last layer
         if depth < first:
             # The recording has no values for layers the replay still trains.
             stopped = d["step"]
             break
         for i, v in enumerate(d["history"]):
-            if first + i >= depth:
+            # As `Controller::observe`: values of frozen layers and non-finite ones dropped.
+            if first + i >= depth and v is not None and math.isfinite(v):
                 histories.setdefault(first + i, []).append(v)
         while depth in histories and stable(histories[depth], a):
             out.append((d["step"], depth))
             depth += 1
     recorded.sort(key=lambda r: r[0])
-    # The first decision that differs, at the earlier of the two updates.
+    return out, recorded, first_difference(out, recorded), stopped
+
+
+def first_difference(out, recorded):
+    """The first decision where the replay and the recording differ, at the earlier of the
+    two updates, in words; None if they agree."""
     for i in range(max(len(out), len(recorded))):
         mine = out[i] if i < len(out) else None
         theirs = recorded[i] if i < len(recorded) else None
         if mine != theirs:
             step = min(d[0] for d in (mine, theirs) if d is not None)
-            if diverged is None or step <= diverged[0]:
-                what = (f"the replay's decision {mine} against the recorded {theirs}" if mine and theirs
-                        else f"the replay's {mine}, which the recorded run did not take" if mine
-                        else f"the recorded {theirs}, which the replay did not take")
-                diverged = (step, what)
-            break
-    return out, recorded, diverged, stopped
+            what = (f"the replay's decision {mine} against the recorded {theirs}" if mine and theirs
+                    else f"the replay's {mine}, which the recorded run did not take" if mine
+                    else f"the recorded {theirs}, which the replay did not take")
+            return step, what
+    return None
 
 
 def main():

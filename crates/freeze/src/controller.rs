@@ -323,10 +323,10 @@ impl Controller {
         if history.len() < w {
             return None;
         }
-        let window = &history[history.len() - w..];
         if let Some(fall) = self.knobs.fall {
             return fallen(step, history, w, fall);
         }
+        let window = &history[history.len() - w..];
         let fit = Fit::of(window);
         let z = self.knobs.confidence;
         // With z = 0 the error term is dropped whatever it is (two values have none).
@@ -397,14 +397,15 @@ fn fallen(step: u64, history: &[f64], w: usize, fall: f64) -> Option<Reason> {
     if now >= fall * peak {
         return None;
     }
-    let (slope, _) = slope_and_mean(&history[history.len() - w..]);
+    let window = &history[history.len() - w..];
+    let (slope, _) = slope_and_mean(window);
     Some(Reason {
-        history: history[history.len() - w..].to_vec(),
+        history: window.to_vec(),
         slope: Some(slope),
         mean: Some(now),
         standard_error: None,
         text: format!(
-            "plasticity fallen after update {step}: the mean {now:.3e} of the last {w} values is below {fall} × their peak {peak:.3e} (the highest mean of {w} consecutive values since the last clear)"
+            "plasticity fallen after update {step}: the mean {now:.3e} of the last {w} values is below {fall} × the peak {peak:.3e} (the highest mean of {w} consecutive values since the last clear)"
         ),
     })
 }
