@@ -214,3 +214,82 @@ fn the_same_training_step_file_agrees_on_every_engine() {
         eprintln!("{name}: worst difference from ONNX Runtime at {:.3} of the tolerance ({})", worst.0, worst.1);
     }
 }
+
+/// The models a user brings (tests/fixtures/zoo, both exporters) beside the bundled ones.
+fn bundled_and_zoo_models() -> Vec<(String, Model)> {
+    let mut models: Vec<(String, Model)> =
+        sidecars().into_iter().map(|s| (s.path.display().to_string(), import(&s.path).unwrap())).collect();
+    let zoo = edgefreeze_tests::repo_root().join("tests/fixtures/zoo");
+    let mut files: Vec<_> = std::fs::read_dir(&zoo)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no zoo models in {}", zoo.display());
+    models.extend(files.into_iter().map(|p| (p.display().to_string(), import(&p).unwrap())));
+    models
+}
+
+/// A `Shape` or `Size` in the backward pass keeps a whole activation alive from the forward
+/// pass until it runs, for a few integers: no rule may read an activation only for that.
+/// (An activation here: at least 64 elements per sample by the graph's static shapes.
+/// ConvNeXt's flattened per-channel means, [batch·16] of unknown size to shape inference,
+/// are read for their length by the gradient of the `Gather` that emulates `as_strided`,
+/// whose indices are computed and may be negative. And a value with two or more dimensions
+/// unknown to shape inference, such as Swin's attention scores [batch·windows, 16, ?, 4, 4]
+/// behind a `Reshape` whose target is computed: no constant target can stand in for
+/// its run-time shape there.)
+#[test]
+fn the_backward_keeps_no_activation_for_its_shape_alone() {
+    let mut failures = Vec::new();
+    for (path, model) in bundled_and_zoo_models() {
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
+        let step = &artifacts.train_step.graph;
+        let types = edgefreeze_graph::infer::infer(step, artifacts.train_step.opset()).unwrap();
+        let shape = |name: &str| types.types.get(name).and_then(|t| t.shape.clone()).unwrap_or_default();
+        let per_sample = |name: &str| -> usize { shape(name).iter().filter_map(|d| d.fixed()).product() };
+        let unknown = |name: &str| shape(name).iter().filter(|d| d.fixed().is_none()).count();
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(step).unwrap();
+        assert!(!saved.is_empty(), "{path}: the backward reads no forward value");
+        let shape_only: Vec<_> =
+            saved.iter().filter(|s| s.shape_only() && per_sample(&s.value) >= 64 && unknown(&s.value) < 2).collect();
+        if !shape_only.is_empty() {
+            failures.push(format!("{path}: kept for their shape only: {shape_only:#?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Convolution → BatchNorm → ReLU keeps what PyTorch keeps and no more: the ReLU's mask is
+/// read off its output (the next layer's input, kept anyway), and BatchNorm's backward
+/// reads x̂ and σ, so neither the ReLU's input nor the BatchNorm's input outlives the
+/// forward pass where nothing else reads them.
+#[test]
+fn the_inputs_of_relu_clip_and_batchnorm_are_not_kept() {
+    let mut checked = 0;
+    for (path, model) in bundled_and_zoo_models() {
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
+        let step = &artifacts.train_step.graph;
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(step).unwrap();
+        let produced: std::collections::HashSet<&str> =
+            step.nodes.iter().flat_map(|n| n.outputs.iter().map(String::as_str)).collect();
+        for node in &model.graph.nodes {
+            if !["Relu", "Clip", "BatchNormalization"].contains(&node.op_type.as_str()) {
+                continue;
+            }
+            let x = &node.inputs[0];
+            let readers = model.graph.nodes.iter().filter(|n| n.inputs.contains(x)).count();
+            // Only where this node is the value's one reader, and the value is an
+            // activation the training graph computes.
+            if readers != 1 || !produced.contains(x.as_str()) {
+                continue;
+            }
+            checked += 1;
+            let kept = saved.iter().find(|s| &s.value == x);
+            assert!(kept.is_none(), "{path}: {} {}'s input is kept: {kept:?}", node.op_type, node.name);
+        }
+    }
+    // ResNet-20 alone has 19 BatchNorm-ReLU pairs: the check must have found them.
+    assert!(checked >= 40, "only {checked} inputs checked");
+}

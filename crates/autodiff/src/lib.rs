@@ -13,6 +13,7 @@ pub mod grad;
 pub mod loss;
 pub mod optim;
 pub mod rules;
+pub mod saved;
 pub mod training;
 pub mod training_mode;
 

@@ -143,7 +143,7 @@ fn batch_norm(
             scale: scale.clone(),
             bias: bias.clone(),
             scale_b,
-            normalized,
+            normalized: normalized.clone(),
             std,
             axes: axes.clone(),
         }),
@@ -151,7 +151,10 @@ fn batch_norm(
     // Running statistics, as PyTorch keeps them: the variance is the unbiased one.
     let mean_c = e.reshape(&mean, &[-1]);
     let var_c = e.reshape(&var, &[-1]);
-    let count = e.numel(&x);
+    // The count is read off x̂, not x: the statistics' update runs after the forward pass,
+    // and a `Size` of x there would keep the layer's input alive until then; x̂ is kept
+    // for the backward anyway.
+    let count = e.numel(&normalized);
     let channels = e.numel(&mean_c);
     let n = e.div(&count, &channels);
     let one = e.scalar(1.0);

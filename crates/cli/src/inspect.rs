@@ -221,6 +221,51 @@ struct GraphSummary {
     nodes: usize,
     inputs: Vec<String>,
     outputs: Vec<String>,
+    /// Training graphs (those with a loss): the forward values the backward pass keeps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kept_for_backward: Option<KeptForBackward>,
+}
+
+/// What a training graph keeps alive from its forward pass for its backward pass: the
+/// step's activation memory ([`edgefreeze_autodiff::saved`]).
+#[derive(serde::Serialize)]
+struct KeptForBackward {
+    /// How many forward values the backward reads.
+    values: usize,
+    /// Their bytes per sample: the product of the dimensions static shapes fix (the
+    /// batch is symbolic in converted graphs). Values of unknown type or shape count 0.
+    bytes_per_sample: u64,
+    /// Of those, the values whose shape is not fully known apart from the batch.
+    not_sized: usize,
+}
+
+fn kept_for_backward(model: &Model) -> Option<KeptForBackward> {
+    // Graphs with a backward pass give gradients or updated state (an eval graph has a
+    // loss but nothing after it but the prediction count).
+    let outputs = &model.graph.outputs;
+    if !outputs.iter().any(|o| o.name.starts_with("updated.") || o.name.starts_with("grad.")) {
+        return None;
+    }
+    let saved = edgefreeze_autodiff::saved::saved_for_backward(&model.graph)?;
+    let types = edgefreeze_graph::infer::infer(&model.graph, model.opset()).ok();
+    let (mut bytes, mut not_sized) = (0u64, 0);
+    for s in &saved {
+        let info = types.as_ref().and_then(|t| t.types.get(&s.value));
+        let (dtype, shape) = match info.and_then(|i| Some((i.dtype?, i.shape.clone()?))) {
+            Some(known) => known,
+            None => {
+                not_sized += 1;
+                continue;
+            }
+        };
+        if shape.iter().filter(|d| d.fixed().is_none()).count() > 1 {
+            not_sized += 1;
+            continue;
+        }
+        let fixed: u64 = shape.iter().filter_map(|d| d.fixed()).map(|d| d as u64).product();
+        bytes += fixed * dtype.size() as u64;
+    }
+    Some(KeptForBackward { values: saved.len(), bytes_per_sample: bytes, not_sized })
 }
 
 /// Lists every `.onnx` file of a converted folder with its interface.
@@ -245,6 +290,7 @@ fn list_graphs(args: &InspectArgs) -> Result<()> {
             nodes: model.graph.nodes.len(),
             inputs: names(&model.graph.inputs),
             outputs: names(&model.graph.outputs),
+            kept_for_backward: kept_for_backward(&model),
         });
     }
     // The state tensors the folder's manifests list, to tell them from the other inputs.
@@ -283,6 +329,17 @@ fn list_graphs(args: &InspectArgs) -> Result<()> {
             results.join(", "),
             updated.len()
         )?;
+        if let Some(k) = &g.kept_for_backward {
+            let unsized_note =
+                if k.not_sized > 0 { format!(" ({} of unknown size not counted)", k.not_sized) } else { String::new() };
+            writeln!(
+                out,
+                "{:<22} keeps {} forward values for the backward, {} per sample{unsized_note}",
+                "",
+                k.values,
+                human_bytes(k.bytes_per_sample)
+            )?;
+        }
     }
     Ok(())
 }

@@ -123,6 +123,14 @@ fn cache_and_split_sets_are_written_and_inspect_lists_them() {
         assert!(text.contains(file), "{file}: {text}");
     }
     assert!(text.lines().any(|l| l.starts_with("prefix.onnx") && l.contains("out: activation")), "{text}");
+    // Under each training graph: what its backward keeps from the forward pass.
+    let lines: Vec<&str> = text.lines().collect();
+    let kept = |file: &str| {
+        let at = lines.iter().position(|l| l.starts_with(file)).unwrap_or_else(|| panic!("{file}: {text}"));
+        lines.get(at + 1).is_some_and(|l| l.contains("forward values for the backward"))
+    };
+    assert!(kept("train_step.onnx") && kept("suffix_step.onnx"), "{text}");
+    assert!(!kept("prefix.onnx") && !kept("device_forward.onnx") && !kept("eval.onnx"), "{text}");
 }
 
 #[test]

@@ -90,12 +90,16 @@ pub(super) fn sqrt(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
+/// dX = dY where the output is positive. The mask is read off the output, not the
+/// input (y > 0 exactly where x > 0): the output is usually kept anyway, as the next
+/// layer's input, while the input (a BatchNorm's or a convolution's output) then need
+/// not outlive the forward pass.
 pub(super) fn relu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let mut g = cx.none();
-    let x = cx.x(0).to_string();
+    let y = cx.y(0).to_string();
     let zero = cx.e.scalar(0.0);
-    let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+    let pos = cx.e.op("Greater", &[&y, &zero], vec![]);
     g[0] = Some(cx.e.op("Where", &[&pos, &dy, &zero], vec![]));
     Ok(g)
 }
@@ -103,10 +107,12 @@ pub(super) fn relu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 pub(super) fn leaky_relu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let mut g = cx.none();
-    let x = cx.x(0).to_string();
     let alpha = cx.node.attr_float("alpha", 0.01)? as f64;
+    // With a positive slope y > 0 exactly where x > 0, so the mask reads the output
+    // (kept anyway as the next layer's input, see `relu`); otherwise the input.
+    let masked = if alpha > 0.0 { cx.y(0) } else { cx.x(0) }.to_string();
     let zero = cx.e.scalar(0.0);
-    let pos = cx.e.op("Greater", &[&x, &zero], vec![]);
+    let pos = cx.e.op("Greater", &[&masked, &zero], vec![]);
     let scaled = cx.e.scale(&dy, alpha);
     g[0] = Some(cx.e.op("Where", &[&pos, &dy, &scaled], vec![]));
     Ok(g)
@@ -207,13 +213,15 @@ pub(super) fn cast(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 pub(super) fn clip(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let mut g = cx.none();
-    let x = cx.x(0).to_string();
-    // Like PyTorch's hardtanh: the gradient passes strictly inside (min, max).
+    // Like PyTorch's hardtanh: the gradient passes strictly inside (min, max). The
+    // output is strictly inside exactly where the input is, so the mask reads the output
+    // (ReLU6's is kept anyway as the next layer's input, see `relu`).
+    let y = cx.y(0).to_string();
     let zero = cx.e.scalar(0.0);
     let mut mask: Option<String> = None;
     for (i, op) in [(1, "Greater"), (2, "Less")] {
         if let Some(bound) = cx.node.input(i) {
-            let m = cx.e.op(op, &[&x, bound], vec![]);
+            let m = cx.e.op(op, &[&y, bound], vec![]);
             mask = Some(match mask {
                 Some(prev) => cx.e.op("And", &[&prev, &m], vec![]),
                 None => m,

@@ -10,7 +10,7 @@ pub(super) fn reshape(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let x = cx.x(0).to_string();
     let mut g = cx.none();
     let dy = cx.dy()?;
-    g[0] = Some(cx.e.reshape_like(&dy, &x));
+    g[0] = Some(cx.reshape_to(&dy, &x));
     Ok(g)
 }
 
@@ -284,20 +284,43 @@ fn pad_grad(cx: &mut RuleCx<'_>, dy: &str) -> Result<String> {
     Ok(grad)
 }
 
-/// Zeros of the given shape, with a constant shape where every dimension is known and
-/// `Shape(like)` permuted by `perm` where some are symbolic.
-fn zeros_shaped(cx: &mut RuleCx<'_>, like: &str, perm: &[usize]) -> Result<String> {
+/// Zeros of `like`'s shape with its axes permuted by `perm`: a constant shape where every
+/// dimension is known; otherwise each dimension from the first source that has it — a
+/// known size, the same-sized axis of `dy` (`dy_axes[a]`, the gradient's own shape), and
+/// only then `Shape(like)`. Reading a symbolic batch off `dy` rather than off `like`
+/// keeps the forward value `like` from staying alive until the backward pass for its
+/// shape alone.
+fn zeros_shaped(
+    cx: &mut RuleCx<'_>,
+    like: &str,
+    perm: &[usize],
+    dy: &str,
+    dy_axes: &[Option<usize>],
+) -> Result<String> {
     let shape = cx.shape(like)?;
     let size = match shape.iter().map(|d| d.fixed()).collect::<Option<Vec<usize>>>() {
         Some(dims) => cx.e.ints(&perm.iter().map(|&a| dims[a] as i64).collect::<Vec<_>>()),
         None => {
-            let full = cx.e.shape_of(like);
-            if perm.iter().enumerate().all(|(i, &a)| i == a) {
-                full
-            } else {
-                let order = cx.e.ints(&perm.iter().map(|&a| a as i64).collect::<Vec<_>>());
-                cx.e.op("Gather", &[&full, &order], vec![("axis", Attribute::Int(0))])
+            let (mut of_dy, mut of_like) = (None, None);
+            let mut parts = Vec::new();
+            for &a in perm {
+                let part = match (shape[a].fixed(), dy_axes.get(a).copied().flatten()) {
+                    (Some(n), _) => cx.e.ints(&[n as i64]),
+                    (None, Some(b)) => {
+                        let full = of_dy.get_or_insert_with(|| cx.e.shape_of(dy)).clone();
+                        let at = cx.e.ints(&[b as i64]);
+                        cx.e.op("Gather", &[&full, &at], vec![("axis", Attribute::Int(0))])
+                    }
+                    (None, None) => {
+                        let full = of_like.get_or_insert_with(|| cx.e.shape_of(like)).clone();
+                        let at = cx.e.ints(&[a as i64]);
+                        cx.e.op("Gather", &[&full, &at], vec![("axis", Attribute::Int(0))])
+                    }
+                };
+                parts.push(part);
             }
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(0))])
         }
     };
     let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])?;
@@ -343,7 +366,19 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     let positions = cx.e.unsqueeze(&idx, &[q as i64]);
     // zeros as [axis, the other axes in order]; dY as [index axes, the other axes].
     let front: Vec<usize> = std::iter::once(axis).chain((0..rank).filter(|&a| a != axis)).collect();
-    let zeros = zeros_shaped(cx, data, &front)?;
+    // dY is [data's axes before `axis`, the index axes, data's axes after it].
+    let dy_axes: Vec<Option<usize>> = (0..rank)
+        .map(|a| {
+            if a < axis {
+                Some(a)
+            } else if a > axis {
+                Some(a - 1 + q)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let zeros = zeros_shaped(cx, data, &front, dy, &dy_axes)?;
     let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
     let updates = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
         dy.to_string()
@@ -407,6 +442,12 @@ fn gather_nd_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
         return Err(cx.err("the gradient of GatherND is implemented for non-negative indices"));
     }
     let rank = cx.shape(data)?.len();
-    let zeros = zeros_shaped(cx, data, &(0..rank).collect::<Vec<_>>())?;
+    // dY is [the index axes but the last, data's axes from the tuple length r on].
+    let index_shape = cx.shape(&indices)?;
+    let dy_axes: Vec<Option<usize>> = match index_shape.last().and_then(|d| d.fixed()) {
+        Some(r) => (0..rank).map(|a| (a >= r).then(|| index_shape.len() - 1 + a - r)).collect(),
+        None => vec![None; rank],
+    };
+    let zeros = zeros_shaped(cx, data, &(0..rank).collect::<Vec<_>>(), dy, &dy_axes)?;
     Ok(cx.e.op("ScatterND", &[&zeros, &indices, dy], vec![("reduction", Attribute::String(b"add".to_vec()))]))
 }

@@ -79,6 +79,46 @@ impl RuleCx<'_> {
             .collect()
     }
 
+    /// The static shape of forward value `like` as a `Reshape` target, where it can stand
+    /// in for `like`'s run-time shape: at most one unknown dimension (written -1) and no
+    /// zero-sized one (a 0 in a target copies the input's dimension).
+    fn static_reshape_target(&self, like: &str) -> Option<Vec<i64>> {
+        let shape = self.shape(like).ok()?;
+        let unknown = shape.iter().filter(|d| d.fixed().is_none()).count();
+        if unknown > 1 || shape.iter().any(|d| d.fixed() == Some(0)) {
+            return None;
+        }
+        Some(shape.iter().map(|d| d.fixed().map_or(-1, |n| n as i64)).collect())
+    }
+
+    /// Reshapes `v` to the shape of forward value `like`. Where `like`'s static shape
+    /// allows, the target is a constant: a `Shape` of a forward value in the backward pass
+    /// keeps that whole value alive until then, for its shape only.
+    pub fn reshape_to(&mut self, v: &str, like: &str) -> String {
+        match self.static_reshape_target(like) {
+            Some(target) => self.e.reshape(v, &target),
+            None => self.e.reshape_like(v, like),
+        }
+    }
+
+    /// Broadcasts `v`, shaped like forward value `like` but with size 1 on `axes`, to
+    /// `like`'s shape. Where those axes' sizes are known the target is a constant (the
+    /// other axes come from `v` itself, as `Expand` broadcasts), so that `like` is not
+    /// kept alive for its shape; otherwise `like`'s run-time shape.
+    pub fn expand_over(&mut self, v: &str, like: &str, axes: &[i64]) -> Result<String> {
+        let shape = self.shape(like)?;
+        let target: Option<Vec<i64>> = (0..shape.len())
+            .map(|a| if axes.contains(&(a as i64)) { shape[a].fixed().map(|n| n as i64) } else { Some(1) })
+            .collect();
+        Ok(match target {
+            Some(target) => {
+                let target = self.e.ints(&target);
+                self.e.op("Expand", &[v, &target], vec![])
+            }
+            None => self.e.expand_like(v, like),
+        })
+    }
+
     /// The gradient list with nothing in it.
     pub fn none(&self) -> InputGrads {
         vec![None; self.node.inputs.len()]

@@ -35,8 +35,10 @@ pub fn batch_norm_training(e: &mut Emitter, bn: &BatchNormSaved, dy: &str, needs
     }
     if let (true, Some(sum_dy), Some(sum_dyx)) = (need_x, &sum_dy, &sum_dyx) {
         let k = e.div(&bn.scale_b, &bn.std);
-        // m = |x| / C, as a float scalar of the run-time batch.
-        let (total, channels) = (e.numel(&bn.x), e.numel(sum_dy));
+        // m = |x| / C, as a float scalar of the run-time batch. The count is read off x̂,
+        // which the backward keeps anyway: a `Size` of x itself would keep the layer's
+        // input alive through the forward pass for its shape only.
+        let (total, channels) = (e.numel(&bn.normalized), e.numel(sum_dy));
         let m = e.div(&total, &channels);
         let k_m = e.div(&k, &m);
         let c2 = e.mul(sum_dyx, &k_m);
@@ -133,6 +135,6 @@ fn reduce(cx: &mut RuleCx<'_>, since: i64, mean: bool) -> Result<InputGrads> {
     } else {
         restored
     };
-    g[0] = Some(cx.e.expand_like(&scaled, &x));
+    g[0] = Some(cx.expand_over(&scaled, &x, &axes)?);
     Ok(g)
 }

@@ -522,7 +522,7 @@ pub(super) fn max_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let node = cx.node;
     g[0] = Some(match node.output(1) {
         Some(indices) if !indices.is_empty() && max_pool_scatters(node, cx.e.opset)? => {
-            max_pool_scatter(cx, &x, indices, &dy, &geo)
+            max_pool_scatter(cx, indices, &dy, &geo)
         }
         _ => max_pool_windows(cx, &x, &y, &dy, &geo),
     });
@@ -555,7 +555,7 @@ pub fn max_pool_scatters(node: &Node, opset: i64) -> Result<bool> {
 /// numbers them over the whole tensor, and the plane is what the scatter indexes.
 /// Overlapping windows can pick the same position, whose gradients add up
 /// (`reduction="add"`).
-fn max_pool_scatter(cx: &mut RuleCx<'_>, x: &str, indices: &str, dy: &str, geo: &Geometry) -> String {
+fn max_pool_scatter(cx: &mut RuleCx<'_>, indices: &str, dy: &str, geo: &Geometry) -> String {
     let w = &geo.window;
     let overlapping = (0..geo.axes()).any(|a| w.strides[a] < geo.extent(a));
     let plane = geo.input.iter().product::<usize>() as i64;
@@ -564,15 +564,26 @@ fn max_pool_scatter(cx: &mut RuleCx<'_>, x: &str, indices: &str, dy: &str, geo: 
     let p = geo.output_size() as i64;
     let within = cx.e.reshape(&within, &[-1, p]);
     let updates = cx.e.reshape(dy, &[-1, p]);
-    let planes = cx.e.reshape(x, &[-1, plane]);
+    // Zeros of [N·C, plane], their row count read off the updates rather than off X:
+    // X is then not kept alive through the forward pass for its shape alone.
+    let rows = if cx.e.opset >= 15 {
+        cx.e.op("Shape", &[&updates], vec![("end", Attribute::Int(1))])
+    } else {
+        let shape = cx.e.shape_of(&updates);
+        let (start, end) = (cx.e.ints(&[0]), cx.e.ints(&[1]));
+        cx.e.op("Slice", &[&shape, &start, &end], vec![])
+    };
+    let columns = cx.e.ints(&[plane]);
+    let target = cx.e.op("Concat", &[&rows, &columns], vec![("axis", Attribute::Int(0))]);
     let zero = cx.e.scalar(0.0);
-    let zeros = cx.e.expand_like(&zero, &planes);
+    let zeros = cx.e.op("Expand", &[&zero, &target], vec![]);
     let mut attributes = vec![("axis", Attribute::Int(1))];
     if overlapping {
         attributes.push(("reduction", Attribute::String(b"add".to_vec())));
     }
     let dx = cx.e.op("ScatterElements", &[&zeros, &within, &updates], attributes);
-    cx.e.reshape_like(&dx, x)
+    let target: Vec<i64> = [-1, geo.channels as i64].into_iter().chain(geo.input.iter().map(|&d| d as i64)).collect();
+    cx.e.reshape(&dx, &target)
 }
 
 /// `[N, C, spatial...]` viewed as `[N·C, 1, spatial...]`: one image per channel, so that
@@ -689,7 +700,8 @@ pub(super) fn global_average_pool(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
             cx.e.mul(&dy, &ratio)
         }
     };
-    g[0] = Some(cx.e.expand_like(&scaled, &x));
+    let spatial_axes: Vec<i64> = (2..shape.len() as i64).collect();
+    g[0] = Some(cx.expand_over(&scaled, &x, &spatial_axes)?);
     Ok(g)
 }
 
