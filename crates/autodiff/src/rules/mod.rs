@@ -79,46 +79,6 @@ impl RuleCx<'_> {
             .collect()
     }
 
-    /// The static shape of forward value `like` as a `Reshape` target for a value of shape
-    /// `from`, where it can stand in for `like`'s run-time shape: every dimension known,
-    /// except those that `from` has, symbol for symbol, at the same position (written 0,
-    /// which copies the input's dimension), or one unknown dimension that is also `from`'s
-    /// only one (written -1). Other -1s would be valid at run time too, but shape inference
-    /// cannot always divide symbolic sizes back out (2·batch·8·8 over 8·16). A 0 in a
-    /// target means "copy", so no zero-sized dimension either.
-    fn static_reshape_target(&self, from: &[Dim], like: &str) -> Option<Vec<i64>> {
-        let shape = self.shape(like).ok()?;
-        let copied: Option<Vec<i64>> = shape
-            .iter()
-            .enumerate()
-            .map(|(a, d)| match d.fixed() {
-                Some(0) => None,
-                Some(n) => Some(n as i64),
-                None => (from.get(a) == Some(d)).then_some(0),
-            })
-            .collect();
-        if copied.is_some() {
-            return copied;
-        }
-        // One unknown dimension that is `from`'s only one, elsewhere: -1 divides it out.
-        let unknown: Vec<&Dim> = shape.iter().filter(|d| d.fixed().is_none()).collect();
-        let unknown_from: Vec<&Dim> = from.iter().filter(|d| d.fixed().is_none()).collect();
-        if unknown.len() == 1 && unknown_from == unknown && shape.iter().all(|d| d.fixed() != Some(0)) {
-            return Some(shape.iter().map(|d| d.fixed().map_or(-1, |n| n as i64)).collect());
-        }
-        None
-    }
-
-    /// Reshapes `v` (of static shape `from`) to the shape of forward value `like`. Where the
-    /// static shapes allow, the target is a constant: a `Shape` of a forward value in the
-    /// backward pass keeps that whole value alive until then, for its shape only.
-    pub fn reshape_to(&mut self, v: &str, from: &[Dim], like: &str) -> String {
-        match self.static_reshape_target(from, like) {
-            Some(target) => self.e.reshape(v, &target),
-            None => self.e.reshape_like(v, like),
-        }
-    }
-
     /// Broadcasts `v`, shaped like forward value `like` but with size 1 on `axes`, to
     /// `like`'s shape. Where those axes' sizes are known the target is a constant (the
     /// other axes come from `v` itself, as `Expand` broadcasts), so that `like` is not
