@@ -267,7 +267,7 @@ fn the_backward_keeps_no_activation_for_its_shape_alone() {
         let shape_only: Vec<_> = saved
             .iter()
             .filter(|s| s.shape_only() && per_sample(&s.value) >= 64 && unknown(&s.value) < 2)
-            .filter(|s| !s.reader_nodes.iter().all(|r| reshape_gradient(r)))
+            .filter(|s| !s.readers.iter().all(|r| reshape_gradient(&r.node)))
             .collect();
         if !shape_only.is_empty() {
             failures.push(format!("{path}: kept for their shape only: {shape_only:#?}"));

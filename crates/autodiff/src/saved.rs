@@ -18,16 +18,23 @@ pub struct SavedValue {
     pub value: String,
     /// The op type of the forward node that computes it.
     pub producer: String,
-    /// The op types of the backward nodes that read it, sorted, without repeats.
-    pub readers: Vec<String>,
-    /// The names of those nodes (named after the forward node whose rule emitted them).
-    pub reader_nodes: Vec<String>,
+    /// The backward nodes that read it, in graph order.
+    pub readers: Vec<Reader>,
+}
+
+/// A backward node reading a forward value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reader {
+    /// Its op type.
+    pub op_type: String,
+    /// Its name (named after the forward node whose rule emitted it).
+    pub node: String,
 }
 
 impl SavedValue {
     /// Whether the backward reads this value for its shape or size only.
     pub fn shape_only(&self) -> bool {
-        self.readers.iter().all(|op| op == "Shape" || op == "Size")
+        self.readers.iter().all(|r| r.op_type == "Shape" || r.op_type == "Size")
     }
 }
 
@@ -48,14 +55,17 @@ pub fn saved_for_backward(graph: &Graph) -> Option<Vec<SavedValue>> {
             stack.extend(graph.nodes[i].inputs.iter().map(String::as_str).filter(|s| !s.is_empty()));
         }
     }
-    let mut readers: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+    let mut readers: HashMap<&str, Vec<Reader>> = HashMap::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         if forward.contains(&i) {
             continue;
         }
         for input in &node.inputs {
             if producer.get(input.as_str()).is_some_and(|p| forward.contains(p)) {
-                readers.entry(input.as_str()).or_default().push((node.op_type.clone(), node.name.clone()));
+                readers
+                    .entry(input.as_str())
+                    .or_default()
+                    .push(Reader { op_type: node.op_type.clone(), node: node.name.clone() });
             }
         }
     }
@@ -66,17 +76,8 @@ pub fn saved_for_backward(graph: &Graph) -> Option<Vec<SavedValue>> {
             continue;
         }
         for output in &node.outputs {
-            if let Some(read) = readers.remove(output.as_str()) {
-                let mut ops: Vec<String> = read.iter().map(|(op, _)| op.clone()).collect();
-                ops.sort();
-                ops.dedup();
-                let reader_nodes = read.into_iter().map(|(_, name)| name).collect();
-                saved.push(SavedValue {
-                    value: output.clone(),
-                    producer: node.op_type.clone(),
-                    readers: ops,
-                    reader_nodes,
-                });
+            if let Some(readers) = readers.remove(output.as_str()) {
+                saved.push(SavedValue { value: output.clone(), producer: node.op_type.clone(), readers });
             }
         }
     }
