@@ -253,18 +253,20 @@ fn ungrouped_stride_1_input_gradient_as_a_conv_with_the_flipped_kernel() {
 
 #[test]
 fn weight_gradient_folds_the_batch_into_the_product_where_channels_outnumber_positions() {
-    // With at least as many output channels as positions (the deep layers), and
-    // depthwise, no per-sample product is summed over the batch afterwards: the only
-    // ReduceSums left are the bias's and the harness's projection. With fewer channels
-    // than positions, one per kernel offset (the per-sample form), in both orientations
-    // of its product (C ≥ M and C < M).
+    // With at least as many output channels as positions (the deep layers), no
+    // per-sample product is summed over the batch afterwards: the only ReduceSums left
+    // are the bias's and the harness's projection. With fewer channels than positions,
+    // one per kernel offset (the per-sample form), in both orientations of its product
+    // (C ≥ M and C < M). Depthwise with one output per channel, one per kernel offset
+    // too: there each is the contraction itself, over the batch and positions of a
+    // product no larger than the layer's input.
     let mut rng = Rng::new(29);
     let cases = [
         (op("Conv"), vec![param(&mut rng, &[3, 2, 3, 3]), param(&mut rng, &[8, 2, 2, 2]), param(&mut rng, &[8])], 2),
         (
             op("Conv").with_attr("group", Attribute::Int(2)).with_attr("strides", ints(&[2, 1])),
             vec![param(&mut rng, &[3, 2, 5, 4]), param(&mut rng, &[2, 1, 3, 2]), param(&mut rng, &[2])],
-            2,
+            6 + 2,
         ),
         (
             op("Conv").with_attr("pads", ints(&[1, 1, 1, 1])),

@@ -6,38 +6,15 @@
 //! point where the loss is not differentiable, so finite differences cannot check it:
 //! these tests compare with the exact values PyTorch's rule gives.
 
-use edgefreeze_autodiff::{Loss, gradient_graph};
-use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
-use edgefreeze_graph::ir::{Attribute, Graph, Model, Node, ValueInfo};
-use edgefreeze_graph::{Tensor, prepare};
+mod common;
+
+use common::weighted_output_gradient;
+use edgefreeze_graph::ir::{Attribute, Node};
 
 /// d/dx of Σ wᵢ·pool(x)ᵢ for x a constant 2×2 map, on ONNX Runtime and tract.
 fn pooled_gradient(pool: Node, outputs: usize) -> Vec<Vec<f32>> {
-    let mut graph = Graph { name: "ties".into(), ..Default::default() };
-    graph.initializers.insert("x".into(), Tensor::from_f32(vec![1, 1, 2, 2], &[0.5; 4]).unwrap());
-    let weights: Vec<f32> = (1..=outputs).map(|i| i as f32).collect();
-    let dims = if outputs == 1 { vec![1, 1, 1, 1] } else { vec![1, 1, 2, 2] };
-    graph.nodes.push(
-        Node::new("w", "Constant", &[], &["w"])
-            .with_attr("value", Attribute::Tensor(Tensor::from_f32(dims, &weights).unwrap())),
-    );
-    graph.nodes.push(pool);
-    graph.nodes.push(Node::new("mul", "Mul", &["y", "w"], &["yw"]));
-    graph.nodes.push(Node::new("sum", "ReduceSum", &["yw"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
-    graph.outputs.push(ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() });
-    let model = prepare(Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() })
-        .unwrap();
-    let bytes = edgefreeze_graph::save::encode_model(&gradient_graph(&model, &Loss::Output, &[]).unwrap());
-    let x = Value::F32(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[1, 1, 2, 2]), 0.5));
-    [EngineKind::Ort(Provider::Cpu), EngineKind::Tract]
-        .iter()
-        .map(|kind| {
-            let mut session = edgefreeze_engine::load(kind, &bytes, &EngineOptions::default()).unwrap();
-            let out = session.run(&[("x", &x)]).unwrap();
-            let at = session.output_names().iter().position(|n| n == "grad.x").unwrap();
-            out[at].as_f32().unwrap().iter().copied().collect()
-        })
-        .collect()
+    let dims = if outputs == 1 { [1, 1, 1, 1] } else { [1, 1, 2, 2] };
+    weighted_output_gradient(&[1, 1, 2, 2], &[0.5; 4], vec![pool], &dims, &[])
 }
 
 fn ints(v: &[i64]) -> Attribute {

@@ -50,6 +50,28 @@ fn main() -> TractResult<()> {
                 Optimizer::codegen().optimize(&mut typed)?;
             }
             "full" => typed = typed.into_optimized()?,
+            "mine" => {
+                typed.declutter()?;
+                let n = edgefreeze_engine::tract_lower::widen_per_channel_operands(&mut typed)?;
+                eprintln!("widened {n} broadcasts");
+                typed.optimize()?;
+                if std::env::var_os("SHAPES").is_some() {
+                    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+                    for n in &typed.nodes {
+                        let name = n.op.name();
+                        if ["Mul", "Sub", "Add", "Iff", "GT", "LT", "Downsample", "Slice", "MoveAxis"].contains(&&*name)
+                        {
+                            let f = typed.node_input_facts(n.id)?;
+                            let k =
+                                format!("{name} {:?}", f.iter().map(|f| format!("{:?}", f.shape)).collect::<Vec<_>>());
+                            *seen.entry(k).or_default() += 1;
+                        }
+                    }
+                    for (k, v) in seen {
+                        println!("{v:4} {k}");
+                    }
+                }
+            }
             other => return Err(TractError::msg(format!("unknown mode {other}"))),
         }
         let nodes = typed.nodes.len();
@@ -98,8 +120,18 @@ fn profile(plan: &std::sync::Arc<TypedSimplePlan>, inputs: TVec<TValue>) -> Trac
     let mut times: std::collections::HashMap<String, (std::time::Duration, usize)> = Default::default();
     let mut state = tract_onnx::tract_core::plan::SimpleState::new(plan)?;
     state.run_plan_with_eval(inputs, |ctx, op_state, node, input| {
+        let shapes: Vec<String> = input.iter().map(|t| format!("{:?}", t.shape())).collect();
         let t = Instant::now();
         let out = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
+        if std::env::var_os("NODES").is_some() {
+            eprintln!(
+                "NODE {:.1} {} {} {}",
+                t.elapsed().as_secs_f64() * 1e6,
+                node.op().name(),
+                node.name,
+                shapes.join(" ")
+            );
+        }
         let e = times.entry(node.op().name().to_string()).or_default();
         e.0 += t.elapsed();
         e.1 += 1;
@@ -108,7 +140,7 @@ fn profile(plan: &std::sync::Arc<TypedSimplePlan>, inputs: TVec<TValue>) -> Trac
     let total: f64 = times.values().map(|v| v.0.as_secs_f64()).sum();
     let mut rows: Vec<_> = times.into_iter().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.1.0));
-    for (name, (d, n)) in rows.iter().take(15) {
+    for (name, (d, n)) in rows.iter().take(25) {
         println!("    {name:>24} {n:5}x {:8.1} ms {:5.1}%", d.as_secs_f64() * 1e3, 100.0 * d.as_secs_f64() / total);
     }
     Ok(())

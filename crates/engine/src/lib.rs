@@ -10,6 +10,7 @@ mod error;
 pub mod ort_backend;
 pub mod profile;
 pub mod tract_backend;
+pub mod tract_lower;
 mod value;
 pub mod workspace;
 

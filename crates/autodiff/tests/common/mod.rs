@@ -8,8 +8,8 @@
 #![allow(dead_code)]
 
 use edgefreeze_autodiff::{Loss, gradient_graph};
-use edgefreeze_engine::{EngineKind, EngineOptions, Value};
-use edgefreeze_graph::ir::{Graph, Model, Node, ValueInfo};
+use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
+use edgefreeze_graph::ir::{Attribute, Graph, Model, Node, ValueInfo};
 use edgefreeze_graph::{DataType, Tensor, prepare};
 use ndarray::{ArrayD, IxDyn};
 
@@ -400,4 +400,49 @@ pub fn check_on_both(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, 
     let what = node.op_type.clone();
     let (model, _) = projected_model(node, inputs, opset, rng);
     check_on_engines(&what, &model, &[], tol);
+}
+
+/// The gradient of Σ wᵢ·yᵢ (wᵢ = 1, 2, 3, … over `y_dims`) with respect to the float32
+/// initializer `x` (`x_dims`, `x_values`), where `nodes` compute `y` from `x` and from the
+/// float32 scalar graph inputs `extra` (fed the given values): on ONNX Runtime and on
+/// tract, in that order. For exact values where finite differences cannot check a rule
+/// (kinks, ties).
+pub fn weighted_output_gradient(
+    x_dims: &[usize],
+    x_values: &[f32],
+    nodes: Vec<Node>,
+    y_dims: &[usize],
+    extra: &[(&str, f32)],
+) -> Vec<Vec<f32>> {
+    let mut graph = Graph { name: "weighted".into(), ..Default::default() };
+    graph.initializers.insert("x".into(), Tensor::from_f32(x_dims.to_vec(), x_values).unwrap());
+    for (name, _) in extra {
+        graph.inputs.push(ValueInfo::new(*name, DataType::Float32, vec![]));
+    }
+    let weights: Vec<f32> = (1..=y_dims.iter().product()).map(|i| i as f32).collect();
+    graph.nodes.push(
+        Node::new("w", "Constant", &[], &["w"])
+            .with_attr("value", Attribute::Tensor(Tensor::from_f32(y_dims.to_vec(), &weights).unwrap())),
+    );
+    graph.nodes.extend(nodes);
+    graph.nodes.push(Node::new("mul", "Mul", &["y", "w"], &["yw"]));
+    graph.nodes.push(Node::new("sum", "ReduceSum", &["yw"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
+    graph.outputs.push(ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() });
+    let model = prepare(Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() })
+        .unwrap();
+    let bytes = edgefreeze_graph::save::encode_model(&gradient_graph(&model, &Loss::Output, &[]).unwrap());
+    let x = Value::F32(ArrayD::from_shape_vec(IxDyn(x_dims), x_values.to_vec()).unwrap());
+    let extra: Vec<(&str, Value)> =
+        extra.iter().map(|(name, v)| (*name, Value::F32(ndarray::arr0(*v).into_dyn()))).collect();
+    [EngineKind::Ort(Provider::Cpu), EngineKind::Tract]
+        .iter()
+        .map(|kind| {
+            let mut session = edgefreeze_engine::load(kind, &bytes, &EngineOptions::default()).unwrap();
+            let mut feeds: Vec<(&str, &Value)> = vec![("x", &x)];
+            feeds.extend(extra.iter().map(|(name, v)| (*name, v)));
+            let out = session.run(&feeds).unwrap();
+            let at = session.output_names().iter().position(|n| n == "grad.x").unwrap();
+            out[at].as_f32().unwrap().iter().copied().collect()
+        })
+        .collect()
 }
