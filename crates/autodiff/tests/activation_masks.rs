@@ -1,9 +1,9 @@
 //! The masks of ReLU's and Clip's gradients at and next to their kinks. Finite
 //! differences cannot check a kink; PyTorch's rules give these values exactly: the
 //! gradient passes where ReLU's output is positive, and strictly inside Clip's bounds
-//! (hardtanh's backward). The rules compute the mask as the Sign of the output's margin
-//! to its bounds, which is exact only because a float difference is zero exactly between
-//! equal floats: the points one ulp inside a bound and the smallest subnormal check that.
+//! (hardtanh's backward). On ONNX Runtime these run as comparisons, a cast and a product;
+//! tract fuses them into one pass (`edgefreeze_engine::tract_lower`): the points one ulp
+//! inside and outside each bound, signed zeros and the smallest subnormal check both.
 
 mod common;
 

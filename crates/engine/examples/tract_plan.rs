@@ -52,8 +52,9 @@ fn main() -> TractResult<()> {
             "full" => typed = typed.into_optimized()?,
             "mine" => {
                 typed.declutter()?;
+                let f = edgefreeze_engine::tract_lower::fuse_comparison_masks(&mut typed)?;
                 let n = edgefreeze_engine::tract_lower::widen_per_channel_operands(&mut typed)?;
-                eprintln!("widened {n} broadcasts");
+                eprintln!("fused {f} masks, widened {n} broadcasts");
                 typed.optimize()?;
                 if std::env::var_os("SHAPES").is_some() {
                     let mut seen: std::collections::BTreeMap<String, usize> = Default::default();

@@ -12,10 +12,20 @@
 //! BatchNormalization's statistics, scale and shift, forward and backward (docs/results.md:
 //! a third of MobileNetV2 x0.5's step). Broadcasting such an operand over the leading
 //! dimensions first (`[N, C, 1, 1]`, N·C values) makes it a by-scalar operand.
+//!
+//! **Comparison masks.** The gradients of ReLU and Clip pass dY where the output lies
+//! inside the bounds: `dY · Cast(y > lo [and y < hi])`, the form ONNX Runtime runs
+//! fastest. tract runs comparisons and `And` in its generic broadcasting loop and the
+//! cast element by element: four to six passes at several nanoseconds an element. They
+//! become one [`PassInside`] pass.
 
 use tract_onnx::prelude::*;
+use tract_onnx::tract_core::internal::{
+    EvalContext, EvalOp, Op, StaticName, args_2, as_op, op_as_typed_op, op_out_of_plan,
+};
 use tract_onnx::tract_core::ops::array::MultiBroadcastTo;
 use tract_onnx::tract_core::ops::binary::TypedBinOp;
+use tract_onnx::tract_core::ops::cast::Cast;
 
 /// The binary ops tract has vectorised by-scalar and unicast kernels for.
 const VECTORISED: [&str; 5] = ["Add", "Sub", "Mul", "Min", "Max"];
@@ -50,6 +60,194 @@ pub fn widen_per_channel_operands(model: &mut TypedModel) -> TractResult<usize> 
         widened += 1;
     }
     Ok(widened)
+}
+
+/// One bound of a [`PassInside`] mask: its value's bits (so that the op can be compared
+/// and hashed as tract's optimiser needs), and whether the value itself is outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Bound {
+    /// The bound's value, as `f32::to_bits`.
+    pub bits: u32,
+    /// `y > lo` (or `y < hi`) rather than `y ≥ lo` (`y ≤ hi`).
+    pub strict: bool,
+}
+
+/// Which side of `y` a comparison bounds.
+enum Side {
+    Lower(Bound),
+    Upper(Bound),
+}
+
+impl Side {
+    /// The bound a tract comparison (`GT`, `GTE`, `LT`, `LTE`) of `y` against the constant
+    /// `c` sets, with `y` on the left (`flipped`: on the right).
+    fn of(comparison: &str, c: f32, flipped: bool) -> Option<Side> {
+        let bound = |strict| Bound { bits: c.to_bits(), strict };
+        Some(match (comparison, flipped) {
+            ("GT", false) | ("LT", true) => Side::Lower(bound(true)),
+            ("GTE", false) | ("LTE", true) => Side::Lower(bound(false)),
+            ("LT", false) | ("GT", true) => Side::Upper(bound(true)),
+            ("LTE", false) | ("GTE", true) => Side::Upper(bound(false)),
+            _ => return None,
+        })
+    }
+}
+
+/// `x · Cast(lo < y < hi)` (each bound strict or not, either absent) in one pass over
+/// float32 `x` and `y` of the same shape: `x` where y is inside, `x · 0` elsewhere, the
+/// bits the product gives. NaN is inside no bounds, as in the comparisons.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PassInside {
+    /// The lower bound, if any.
+    pub lower: Option<Bound>,
+    /// The upper bound, if any.
+    pub upper: Option<Bound>,
+}
+
+impl Op for PassInside {
+    fn name(&self) -> StaticName {
+        "PassInside".into()
+    }
+
+    op_as_typed_op!();
+}
+
+/// One pass of [`PassInside`], its bounds' strictness fixed at compile time so that the
+/// loop is a comparison, an and and a blend per vector. An absent bound is ±∞ taken
+/// inclusively: every value but NaN meets it, and NaN fails the other bound anyway.
+fn pass_inside<const LO_STRICT: bool, const HI_STRICT: bool>(lo: f32, hi: f32, x: &[f32], y: &[f32], out: &mut [f32]) {
+    for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
+        let above = if LO_STRICT { y > lo } else { y >= lo };
+        let below = if HI_STRICT { y < hi } else { y <= hi };
+        *o = if above & below { x } else { x * 0.0 };
+    }
+}
+
+impl EvalOp for PassInside {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let (x, y) = args_2!(inputs);
+        if x.shape() != y.shape() {
+            return Err(TractError::msg("PassInside: x and y differ in shape"));
+        }
+        let (x, y) = (x.to_plain_array_view::<f32>()?, y.to_plain_array_view::<f32>()?);
+        // SAFETY: both branches below write every element before the tensor is read.
+        let mut out = unsafe { Tensor::uninitialized::<f32>(x.shape())? };
+        let mut view = out.to_plain_array_view_mut::<f32>()?;
+        let lo = self.lower.unwrap_or(Bound { bits: f32::NEG_INFINITY.to_bits(), strict: false });
+        let hi = self.upper.unwrap_or(Bound { bits: f32::INFINITY.to_bits(), strict: false });
+        let (lo_v, hi_v) = (f32::from_bits(lo.bits), f32::from_bits(hi.bits));
+        if let (Some(x), Some(y), Some(o)) = (x.as_slice(), y.as_slice(), view.as_slice_mut()) {
+            match (lo.strict, hi.strict) {
+                (true, true) => pass_inside::<true, true>(lo_v, hi_v, x, y, o),
+                (true, false) => pass_inside::<true, false>(lo_v, hi_v, x, y, o),
+                (false, true) => pass_inside::<false, true>(lo_v, hi_v, x, y, o),
+                (false, false) => pass_inside::<false, false>(lo_v, hi_v, x, y, o),
+            }
+        } else {
+            // Not in memory order (a view tract made without copying): element by element.
+            tract_ndarray::Zip::from(&mut view).and(&x).and(&y).for_each(|o, &x, &y| {
+                let above = if lo.strict { y > lo_v } else { y >= lo_v };
+                let below = if hi.strict { y < hi_v } else { y <= hi_v };
+                *o = if above && below { x } else { x * 0.0 };
+            });
+        }
+        drop(view);
+        Ok(tvec!(out.into_tvalue()))
+    }
+}
+
+impl TypedOp for PassInside {
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        Ok(tvec!(f32::fact(inputs[0].shape.clone())))
+    }
+
+    as_op!();
+}
+
+/// Replaces every `x · Cast<f32>(mask)` whose mask is a comparison of one value `y` with
+/// a scalar constant, or an `And` of two such comparisons of the same `y`, by
+/// [`PassInside`] (module doc). `x`, `y` and the product must be float32 of one concrete
+/// shape. Returns how many products it replaced.
+pub fn fuse_comparison_masks(model: &mut TypedModel) -> TractResult<usize> {
+    let mut fused = 0;
+    for id in model.eval_order()? {
+        let Some(op) = model.node(id).op_as::<TypedBinOp>() else { continue };
+        if op.0.name() != "Mul" {
+            continue;
+        }
+        let inputs = model.node(id).inputs.clone();
+        let Some((x, y, pass)) =
+            (0..2).find_map(|i| mask_of(model, inputs[1 - i]).map(|(y, pass)| (inputs[i], y, pass)))
+        else {
+            continue;
+        };
+        let facts = [x, y, id.into()].map(|o| model.outlet_fact(o).cloned());
+        let [Ok(xf), Ok(yf), Ok(of)] = facts else { continue };
+        let same = |f: &TypedFact| f.datum_type == f32::datum_type() && f.shape.as_concrete() == of.shape.as_concrete();
+        if of.shape.as_concrete().is_none() || !same(&xf) || !same(&yf) || !same(&of) {
+            continue;
+        }
+        let name = model.node(id).name.clone();
+        let mut patch = TypedModelPatch::default();
+        let taps = patch.taps(model, &[x, y])?;
+        let out = patch.wire_node(&name, pass, &taps)?[0];
+        patch.shunt_outside(model, id.into(), out)?;
+        patch.apply(model)?;
+        fused += 1;
+    }
+    Ok(fused)
+}
+
+/// Where `outlet` is `Cast<f32>` of a mask [`fuse_comparison_masks`] fuses: the value
+/// compared, and the op that passes what is inside the mask.
+fn mask_of(model: &TypedModel, outlet: OutletId) -> Option<(OutletId, PassInside)> {
+    let cast = model.node(outlet.node);
+    if cast.op_as::<Cast>()?.to != f32::datum_type() {
+        return None;
+    }
+    let mask = model.node(cast.inputs[0].node);
+    let op = mask.op_as::<TypedBinOp>()?;
+    let sides = if op.0.name() == "And" {
+        let (y, first) = comparison_of(model, mask.inputs[0])?;
+        let (y2, second) = comparison_of(model, mask.inputs[1])?;
+        if y != y2 {
+            return None;
+        }
+        (y, vec![first, second])
+    } else {
+        let (y, side) = comparison_of(model, cast.inputs[0])?;
+        (y, vec![side])
+    };
+    let mut pass = PassInside { lower: None, upper: None };
+    for side in sides.1 {
+        let slot = match side {
+            Side::Lower(b) => (&mut pass.lower, b),
+            Side::Upper(b) => (&mut pass.upper, b),
+        };
+        // Two bounds on one side (y > 0 and y > 1) are left to tract.
+        if slot.0.replace(slot.1).is_some() {
+            return None;
+        }
+    }
+    Some((sides.0, pass))
+}
+
+/// Where `outlet` is a comparison of a value with a float32 scalar constant: the value,
+/// and the bound the comparison sets on it.
+fn comparison_of(model: &TypedModel, outlet: OutletId) -> Option<(OutletId, Side)> {
+    let node = model.node(outlet.node);
+    let op = node.op_as::<TypedBinOp>()?;
+    let scalar = |o: OutletId| -> Option<f32> {
+        let k = model.outlet_fact(o).ok()?.konst.clone()?;
+        (k.datum_type() == f32::datum_type() && k.len() == 1).then(|| k.cast_to_scalar::<f32>().ok()).flatten()
+    };
+    match (scalar(node.inputs[0]), scalar(node.inputs[1])) {
+        (None, Some(c)) => Some((node.inputs[0], Side::of(op.0.name(), c, false)?)),
+        (Some(c), None) => Some((node.inputs[1], Side::of(op.0.name(), c, true)?)),
+        _ => None,
+    }
 }
 
 /// For operands of shapes `a` and `b` (same rank), where one (the "small" one) broadcasts

@@ -1,0 +1,122 @@
+//! tract's lowering passes (`edgefreeze_engine::tract_lower`) change how values are
+//! computed, never what they are: a graph of the patterns they rewrite gives the same
+//! bits on tract's optimised plan (lowered), its generic plan (not lowered) and ONNX
+//! Runtime, at the values where masks and broadcasts go wrong if anything does.
+
+use edgefreeze_engine::tract_lower::{fuse_comparison_masks, widen_per_channel_operands};
+use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
+use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::{DataType, Tensor, save::encode_model};
+use ndarray::{ArrayD, IxDyn};
+use tract_onnx::prelude::*;
+
+const SHAPE: [usize; 4] = [2, 3, 2, 4];
+
+fn scalar(name: &str, v: f32) -> Node {
+    Node::new(name, "Constant", &[], &[name])
+        .with_attr("value", Attribute::Tensor(Tensor::from_f32(vec![], &[v]).unwrap()))
+}
+
+/// The ReLU and ReLU6 gradient masks as the rules write them, a mask with the constant on
+/// the left, and per-channel BatchNorm-style arithmetic on both sides of an op.
+fn patterns() -> Vec<u8> {
+    let batch = || -> Vec<Dim> {
+        std::iter::once(Dim::Symbol("batch".into())).chain(SHAPE[1..].iter().map(|&d| Dim::Fixed(d))).collect()
+    };
+    let cast =
+        |name: &str, from: &str, to: &str| Node::new(name, "Cast", &[from], &[to]).with_attr("to", Attribute::Int(1));
+    let nodes = vec![
+        scalar("zero", 0.0),
+        scalar("six", 6.0),
+        // ReLU: dy · Cast(y > 0)
+        Node::new("gt", "Greater", &["y", "zero"], &["pos"]),
+        cast("c1", "pos", "posf"),
+        Node::new("relu_grad", "Mul", &["dy", "posf"], &["relu_grad"]),
+        // ReLU6: dy · Cast(y > 0 and y < 6), the mask on the left of the product
+        Node::new("lt", "Less", &["y", "six"], &["below"]),
+        Node::new("and", "And", &["pos", "below"], &["inside"]),
+        cast("c2", "inside", "insidef"),
+        Node::new("relu6_grad", "Mul", &["insidef", "dy"], &["relu6_grad"]),
+        // 6 > y: the constant on the left
+        Node::new("gt6", "Greater", &["six", "y"], &["under"]),
+        cast("c3", "under", "underf"),
+        Node::new("under_grad", "Mul", &["dy", "underf"], &["under_grad"]),
+        // per-channel operands [1, C, 1, 1], either side
+        Node::new("centre", "Sub", &["y", "mean"], &["centred"]),
+        Node::new("scale", "Mul", &["gamma", "centred"], &["scaled"]),
+    ];
+    let channel = || vec![Dim::Fixed(1), Dim::Fixed(SHAPE[1]), Dim::Fixed(1), Dim::Fixed(1)];
+    let graph = Graph {
+        name: "lowering".into(),
+        nodes,
+        inputs: vec![
+            ValueInfo::new("y", DataType::Float32, batch()),
+            ValueInfo::new("dy", DataType::Float32, batch()),
+            ValueInfo::new("mean", DataType::Float32, channel()),
+            ValueInfo::new("gamma", DataType::Float32, channel()),
+        ],
+        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled"]
+            .iter()
+            .map(|n| ValueInfo::new(*n, DataType::Float32, batch()))
+            .collect(),
+        ..Default::default()
+    };
+    encode_model(&Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() })
+}
+
+/// y at, beside and between the bounds 0 and 6 (and NaN, ±∞); dy with infinities and a NaN
+/// at masked and unmasked positions.
+fn inputs() -> Vec<(&'static str, Value)> {
+    let n: usize = SHAPE.iter().product();
+    let special =
+        [-1.0, -0.0, 0.0, 1e-45, 3.0, 5.999_999_5, 6.0, 6.000_000_5, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 7.0];
+    let y: Vec<f32> = (0..n).map(|i| special[i % special.len()]).collect();
+    let dy: Vec<f32> = (0..n)
+        .map(|i| match i % 17 {
+            0 => f32::INFINITY,
+            5 => f32::NAN,
+            k => k as f32 - 8.25,
+        })
+        .collect();
+    let array = |dims: &[usize], v: Vec<f32>| Value::F32(ArrayD::from_shape_vec(IxDyn(dims), v).unwrap());
+    vec![
+        ("y", array(&SHAPE, y)),
+        ("dy", array(&SHAPE, dy)),
+        ("mean", array(&[1, SHAPE[1], 1, 1], vec![0.5, -0.0, 3.0])),
+        ("gamma", array(&[1, SHAPE[1], 1, 1], vec![2.0, -1.5, 0.0])),
+    ]
+}
+
+fn run(kind: EngineKind, options: EngineOptions) -> Vec<Vec<u32>> {
+    let mut session = edgefreeze_engine::load(&kind, &patterns(), &options).unwrap();
+    let feeds = inputs();
+    let feeds: Vec<(&str, &Value)> = feeds.iter().map(|(n, v)| (*n, v)).collect();
+    // NaNs compare by being NaN: their payloads are not the arithmetic's business.
+    let bits = |x: &f32| if x.is_nan() { u32::MAX } else { x.to_bits() };
+    session.run(&feeds).unwrap().iter().map(|v| v.as_f32().unwrap().iter().map(bits).collect()).collect()
+}
+
+#[test]
+fn lowered_plans_give_the_bits_of_the_unlowered_ones() {
+    let one_thread = EngineOptions { threads: Some(1), ..Default::default() };
+    let lowered = run(EngineKind::Tract, one_thread.clone());
+    let generic = run(EngineKind::Tract, EngineOptions { tract_generic_plan: true, ..one_thread.clone() });
+    let ort = run(EngineKind::Ort(Provider::Cpu), one_thread);
+    assert_eq!(lowered, generic);
+    assert_eq!(lowered, ort);
+}
+
+#[test]
+fn the_passes_find_the_patterns() {
+    let onnx = tract_onnx::onnx();
+    let mut model = onnx.model_for_read(&mut &*patterns()).unwrap().into_typed().unwrap();
+    let batch = model.symbols.sym("batch");
+    model = model.set_symbols(&std::collections::HashMap::from([(batch, TDim::from(SHAPE[0] as i64))])).unwrap();
+    model.declutter().unwrap();
+    assert_eq!(fuse_comparison_masks(&mut model).unwrap(), 3);
+    assert_eq!(widen_per_channel_operands(&mut model).unwrap(), 2);
+    model.optimize().unwrap();
+    let names: Vec<String> = model.nodes.iter().map(|n| n.op.name().to_string()).collect();
+    assert_eq!(names.iter().filter(|n| *n == "PassInside").count(), 3, "{names:?}");
+    assert!(!names.iter().any(|n| ["GT", "LT", "And", "Cast"].contains(&n.as_str())), "{names:?}");
+}
