@@ -286,6 +286,36 @@ fn weight_gradient_folds_the_batch_into_the_product_where_channels_outnumber_pos
     }
 }
 
+#[test]
+fn weight_gradient_offsets_that_read_only_padding_are_zeros() {
+    // A 3×3 kernel with padding 1 on a 1×1 map (MobileNetV2's last blocks at 28×28) reads
+    // the map with its centre alone, and a 5×5 kernel with padding 2 on a 2×2 map
+    // (MNASNet's, EfficientNet's) with its middle 3×3 offsets alone: the other offsets'
+    // weight gradients are zeros, made from their shape without a slice or a product
+    // (one `ConstantOfShape`, which the graph's common subexpressions share).
+    // One case per form of the weight gradient: batch folded in (M ≥ P), per sample
+    // (M < P), per sample widening (C < M), depthwise. The count is of the live offsets'
+    // slices.
+    let mut rng = Rng::new(31);
+    let pad = |p: i64| op("Conv").with_attr("pads", ints(&[p, p, p, p]));
+    let cases = [
+        (pad(1), vec![param(&mut rng, &[2, 3, 1, 1]), param(&mut rng, &[4, 3, 3, 3])], 1),
+        (pad(2), vec![param(&mut rng, &[2, 3, 2, 2]), param(&mut rng, &[2, 3, 5, 5])], 9),
+        (pad(2), vec![param(&mut rng, &[2, 1, 2, 2]), param(&mut rng, &[3, 1, 5, 5])], 9),
+        (
+            pad(1).with_attr("group", Attribute::Int(3)),
+            vec![param(&mut rng, &[2, 3, 1, 1]), param(&mut rng, &[3, 1, 3, 3]), param(&mut rng, &[3])],
+            1,
+        ),
+    ];
+    for (node, inputs, live) in cases {
+        let ops = conv_gradient_ops(&node, &inputs);
+        assert_eq!(ops.iter().filter(|o| *o == "Slice").count(), live, "{ops:?}");
+        assert!(ops.iter().any(|o| o == "ConstantOfShape"), "{ops:?}");
+        case(node, inputs, 17);
+    }
+}
+
 /// Why a convolution's weight gradient is not one `Conv` with batch and channels swapped
 /// (X as [C, N, ...] and dY as the kernel [M, N, ...]): the kernel's input-channel
 /// dimension is then the symbolic batch, and tract only builds a `Conv` whose kernel

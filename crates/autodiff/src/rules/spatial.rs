@@ -166,13 +166,34 @@ fn pad_spatial_in(
 }
 
 /// For each kernel offset (row-major), the strided slice of the padded input `xp`
-/// (spatial sizes `padded`) that the offset reads in every window: `[N, C, out...]` each.
-fn offset_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> Vec<String> {
-    offset_slices_in(cx, xp, Layout::ChannelsFirst, padded, geo)
+/// (spatial sizes `padded`) that the offset reads in every window: `[N, C, out...]` each;
+/// `None` for an offset whose every window reads padding only (its slice is zeros): a
+/// 3×3 kernel with padding 1 on a 1×1 map reads the map with its centre alone.
+fn offset_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> Vec<Option<String>> {
+    offset_slices_in(cx, xp, Layout::ChannelsFirst, padded, geo, true)
 }
 
-/// [`offset_slices`] of a tensor whose spatial axes are where `layout` puts them.
-fn offset_slices_in(cx: &mut RuleCx<'_>, xp: &str, layout: Layout, padded: &[usize], geo: &Geometry) -> Vec<String> {
+/// Whether some window reads, at kernel offset `offset`, a position of the input itself
+/// rather than of its padding.
+fn reads_input(geo: &Geometry, offset: &[usize]) -> bool {
+    let w = &geo.window;
+    (0..geo.axes()).all(|a| {
+        let start = offset[a] * w.dilations[a];
+        let inside = w.pads_begin[a]..w.pads_begin[a] + geo.input[a];
+        (0..geo.output[a]).any(|j| inside.contains(&(start + j * w.strides[a])))
+    })
+}
+
+/// [`offset_slices`] of a tensor whose spatial axes are where `layout` puts them; with
+/// `skip_padding` false, every offset's slice.
+fn offset_slices_in(
+    cx: &mut RuleCx<'_>,
+    xp: &str,
+    layout: Layout,
+    padded: &[usize],
+    geo: &Geometry,
+    skip_padding: bool,
+) -> Vec<Option<String>> {
     let n = geo.axes();
     let w = &geo.window;
     let first = layout.first_spatial_axis() as i64;
@@ -180,24 +201,52 @@ fn offset_slices_in(cx: &mut RuleCx<'_>, xp: &str, layout: Layout, padded: &[usi
     let steps = cx.e.ints(&w.strides.iter().map(|&s| s as i64).collect::<Vec<_>>());
     let mut parts = Vec::new();
     for offset in offsets(&w.kernel) {
+        if skip_padding && !reads_input(geo, &offset) {
+            parts.push(None);
+            continue;
+        }
         let starts: Vec<usize> = (0..n).map(|a| offset[a] * w.dilations[a]).collect();
         let ends: Vec<usize> = (0..n).map(|a| starts[a] + (geo.output[a] - 1) * w.strides[a] + 1).collect();
         let whole = (0..n).all(|a| starts[a] == 0 && w.strides[a] == 1 && ends[a] == padded[a]);
         if whole {
-            parts.push(xp.to_string());
+            parts.push(Some(xp.to_string()));
             continue;
         }
         let starts = cx.e.ints(&starts.iter().map(|&s| s as i64).collect::<Vec<_>>());
         let ends = cx.e.ints(&ends.iter().map(|&s| s as i64).collect::<Vec<_>>());
-        parts.push(cx.e.op("Slice", &[xp, &starts, &ends, &axes, &steps], vec![]));
+        parts.push(Some(cx.e.op("Slice", &[xp, &starts, &ends, &axes, &steps], vec![])));
     }
     parts
+}
+
+/// The per-offset products `product(slice)` of the slices that read the input, and for
+/// the offsets that read padding only zeros of the product's shape `dims` (made at run
+/// time from that shape, not stored).
+fn offset_products(
+    cx: &mut RuleCx<'_>,
+    slices: Vec<Option<String>>,
+    dims: &[usize],
+    mut product: impl FnMut(&mut RuleCx<'_>, String) -> String,
+) -> Vec<String> {
+    slices
+        .into_iter()
+        .map(|slice| match slice {
+            Some(slice) => product(cx, slice),
+            None => {
+                let shape = cx.e.ints(&dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
+                let zero = edgefreeze_graph::Tensor::from_f64_as(cx.e.float, vec![1], &[0.0])
+                    .expect("a one-element tensor always fits");
+                cx.e.op("ConstantOfShape", &[&shape], vec![("value", Attribute::Tensor(zero))])
+            }
+        })
+        .collect()
 }
 
 /// The [`offset_slices`] concatenated along the channels to `[N, K·C, out...]`
 /// (offset-major).
 fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
-    let mut parts = offset_slices(cx, xp, padded, geo);
+    let mut parts: Vec<String> =
+        offset_slices_in(cx, xp, Layout::ChannelsFirst, padded, geo, false).into_iter().flatten().collect();
     if parts.len() == 1 {
         return parts.remove(0);
     }
@@ -431,19 +480,18 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
         let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
         let d = cx.e.reshape(dy, &[-1, mg, p]);
         let d = if widening { cx.e.transpose(&d, &[0, 2, 1]) } else { d };
-        let parts: Vec<String> = offset_slices(cx, &xp, &padded, geo)
-            .into_iter()
-            .map(|slice| {
-                let slice = cx.e.reshape(&slice, &[-1, cg, p]);
-                let prod = if widening {
-                    cx.e.op("MatMul", &[&slice, &d], vec![])
-                } else {
-                    let slice = cx.e.transpose(&slice, &[0, 2, 1]);
-                    cx.e.op("MatMul", &[&d, &slice], vec![])
-                };
-                cx.e.reduce_sum(&prod, &[0], false)
-            })
-            .collect();
+        let slices = offset_slices(cx, &xp, &padded, geo);
+        let dims = if widening { [cg, mg] } else { [mg, cg] }.map(|v| v as usize);
+        let parts = offset_products(cx, slices, &dims, |cx, slice| {
+            let slice = cx.e.reshape(&slice, &[-1, cg, p]);
+            let prod = if widening {
+                cx.e.op("MatMul", &[&slice, &d], vec![])
+            } else {
+                let slice = cx.e.transpose(&slice, &[0, 2, 1]);
+                cx.e.op("MatMul", &[&d, &slice], vec![])
+            };
+            cx.e.reduce_sum(&prod, &[0], false)
+        });
         if !widening {
             return stack_offsets(cx, &parts, w_shape);
         }
@@ -459,13 +507,11 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
         let d = cx.e.reshape(dy, &[-1, mg, p]);
         let d = cx.e.transpose(&d, &[1, 0, 2]);
         let d = cx.e.reshape(&d, &[mg, -1]);
-        let parts: Vec<String> = offset_slices_in(cx, &xtp, Layout::ChannelsLast, &padded, geo)
-            .into_iter()
-            .map(|slice| {
-                let slice = cx.e.reshape(&slice, &[-1, cg]);
-                cx.e.op("MatMul", &[&d, &slice], vec![])
-            })
-            .collect();
+        let slices = offset_slices_in(cx, &xtp, Layout::ChannelsLast, &padded, geo, true);
+        let parts = offset_products(cx, slices, &[mg as usize, cg as usize], |cx, slice| {
+            let slice = cx.e.reshape(&slice, &[-1, cg]);
+            cx.e.op("MatMul", &[&d, &slice], vec![])
+        });
         return stack_offsets(cx, &parts, w_shape);
     }
     if cg == 1 {
@@ -474,26 +520,22 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
         let xt = cx.e.transpose(x, &swap);
         let xtp = pad_spatial(cx, &xt, &w.pads_begin, &w.pads_end, None);
         let d = cx.e.transpose(dy, &swap);
-        let d = cx.e.reshape(&d, &[g, mg, -1]);
-        let parts: Vec<String> = offset_slices(cx, &xtp, &padded, geo)
-            .into_iter()
-            .map(|slice| {
-                if mg == 1 {
-                    // One output per channel: the product of [C, 1, N·P] by [C, N·P, 1]
-                    // is C dot products, which engines run as C matrix products of one
-                    // row and one column (tract packs both operands for each: 9 of
-                    // these were 5% of MobileNetV2's step); a product and a sum are two
-                    // plain passes.
-                    let slice = cx.e.reshape(&slice, &[g, 1, -1]);
-                    let prod = cx.e.mul(&d, &slice);
-                    let dot = cx.e.reduce_sum(&prod, &[2], false);
-                    return cx.e.reshape(&dot, &[g, 1]);
-                }
-                let slice = cx.e.reshape(&slice, &[g, -1, 1]);
-                let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
-                cx.e.reshape(&prod, &[g * mg, 1])
-            })
-            .collect();
+        // One output per channel: the product of [C, 1, N·P] by [C, N·P, 1] is C dot
+        // products, which engines run as C matrix products of one row and one column
+        // (tract packs both operands of each: 9 of these were 5% of MobileNetV2's step);
+        // a product and a sum over the last axis are two plain passes.
+        let d = cx.e.reshape(&d, &if mg == 1 { vec![g, -1] } else { vec![g, mg, -1] });
+        let slices = offset_slices(cx, &xtp, &padded, geo);
+        let parts = offset_products(cx, slices, &[(g * mg) as usize, 1], |cx, slice| {
+            if mg == 1 {
+                let slice = cx.e.reshape(&slice, &[g, -1]);
+                let prod = cx.e.mul(&d, &slice);
+                return cx.e.reduce_sum(&prod, &[1], true);
+            }
+            let slice = cx.e.reshape(&slice, &[g, -1, 1]);
+            let prod = cx.e.op("MatMul", &[&d, &slice], vec![]);
+            cx.e.reshape(&prod, &[g * mg, 1])
+        });
         return stack_offsets(cx, &parts, w_shape);
     }
     let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
