@@ -54,7 +54,8 @@ fn main() -> TractResult<()> {
                 typed.declutter()?;
                 let f = edgefreeze_engine::tract_lower::fuse_comparison_masks(&mut typed)?;
                 let n = edgefreeze_engine::tract_lower::widen_per_channel_operands(&mut typed)?;
-                eprintln!("fused {f} masks, widened {n} broadcasts");
+                let p = edgefreeze_engine::tract_lower::pad_convolutions_explicitly(&mut typed)?;
+                eprintln!("fused {f} masks, widened {n} broadcasts, padded {p} convolutions");
                 typed.optimize()?;
                 if std::env::var_os("SHAPES").is_some() {
                     let mut seen: std::collections::BTreeMap<String, usize> = Default::default();

@@ -1,9 +1,10 @@
 //! tract's lowering passes (`edgefreeze_engine::tract_lower`) change how values are
 //! computed, never what they are: a graph of the patterns they rewrite gives the same
-//! bits on tract's optimised plan (lowered), its generic plan (not lowered) and ONNX
-//! Runtime, at the values where masks and broadcasts go wrong if anything does.
+//! bits on tract's optimised plan (lowered) and its generic plan (not lowered), and
+//! where the arithmetic is exact (masks, broadcasts) those of ONNX Runtime too, at the
+//! values where masks and broadcasts go wrong if anything does.
 
-use edgefreeze_engine::tract_lower::{fuse_comparison_masks, widen_per_channel_operands};
+use edgefreeze_engine::tract_lower::{fuse_comparison_masks, pad_convolutions_explicitly, widen_per_channel_operands};
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
 use edgefreeze_graph::{DataType, Tensor, save::encode_model};
@@ -44,6 +45,8 @@ fn patterns() -> Vec<u8> {
         // per-channel operands [1, C, 1, 1], either side
         Node::new("centre", "Sub", &["y", "mean"], &["centred"]),
         Node::new("scale", "Mul", &["gamma", "centred"], &["scaled"]),
+        // a padded convolution (uneven pads), of finite values
+        Node::new("conv", "Conv", &["dy_finite", "w"], &["conv"]).with_attr("pads", Attribute::Ints(vec![1, 2, 0, 1])),
     ];
     let channel = || vec![Dim::Fixed(1), Dim::Fixed(SHAPE[1]), Dim::Fixed(1), Dim::Fixed(1)];
     let graph = Graph {
@@ -54,10 +57,17 @@ fn patterns() -> Vec<u8> {
             ValueInfo::new("dy", DataType::Float32, batch()),
             ValueInfo::new("mean", DataType::Float32, channel()),
             ValueInfo::new("gamma", DataType::Float32, channel()),
+            ValueInfo::new("dy_finite", DataType::Float32, batch()),
+            ValueInfo::new("w", DataType::Float32, [2, SHAPE[1], 3, 3].map(Dim::Fixed).to_vec()),
         ],
-        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled"]
+        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled", "conv"]
             .iter()
-            .map(|n| ValueInfo::new(*n, DataType::Float32, batch()))
+            .map(|n| ValueInfo {
+                name: n.to_string(),
+                dtype: Some(DataType::Float32),
+                shape: None,
+                doc_string: String::new(),
+            })
             .collect(),
         ..Default::default()
     };
@@ -79,9 +89,13 @@ fn inputs() -> Vec<(&'static str, Value)> {
         })
         .collect();
     let array = |dims: &[usize], v: Vec<f32>| Value::F32(ArrayD::from_shape_vec(IxDyn(dims), v).unwrap());
+    let finite: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5).collect();
+    let w: Vec<f32> = (0..2 * SHAPE[1] * 9).map(|i| ((i * 5) % 13) as f32 * 0.11 - 0.6).collect();
     vec![
         ("y", array(&SHAPE, y)),
         ("dy", array(&SHAPE, dy)),
+        ("dy_finite", array(&SHAPE, finite)),
+        ("w", array(&[2, SHAPE[1], 3, 3], w)),
         ("mean", array(&[1, SHAPE[1], 1, 1], vec![0.5, -0.0, 3.0])),
         ("gamma", array(&[1, SHAPE[1], 1, 1], vec![2.0, -1.5, 0.0])),
     ]
@@ -103,7 +117,8 @@ fn lowered_plans_give_the_bits_of_the_unlowered_ones() {
     let generic = run(EngineKind::Tract, EngineOptions { tract_generic_plan: true, ..one_thread.clone() });
     let ort = run(EngineKind::Ort(Provider::Cpu), one_thread);
     assert_eq!(lowered, generic);
-    assert_eq!(lowered, ort);
+    // The convolution sums in each engine's own order: the other outputs are exact.
+    assert_eq!(lowered[..4], ort[..4]);
 }
 
 #[test]
@@ -115,6 +130,7 @@ fn the_passes_find_the_patterns() {
     model.declutter().unwrap();
     assert_eq!(fuse_comparison_masks(&mut model).unwrap(), 3);
     assert_eq!(widen_per_channel_operands(&mut model).unwrap(), 2);
+    assert_eq!(pad_convolutions_explicitly(&mut model).unwrap(), 1);
     model.optimize().unwrap();
     let names: Vec<String> = model.nodes.iter().map(|n| n.op.name().to_string()).collect();
     assert_eq!(names.iter().filter(|n| *n == "PassInside").count(), 3, "{names:?}");
