@@ -184,7 +184,7 @@ impl Compiled {
 
     fn run(&self, executor: &Executor, inputs: TVec<TValue>) -> Result<TVec<TValue>, EngineError> {
         let plan = self.plan_for(&inputs);
-        multithread_tract_scope(executor.clone(), || {
+        let step = || multithread_tract_scope(executor.clone(), || {
             // `SimplePlan::run` forgets the batch it bound before returning; the steps
             // of a run, done here, keep it for `bind_symbols`.
             let mut state = plan.spawn()?;
@@ -209,7 +209,15 @@ impl Compiled {
             let outputs = state.outputs()?;
             let symbols = &state.turn_state.resolved_symbols;
             outputs.into_iter().map(|t| bind_symbols(t, symbols)).collect::<TractResult<TVec<TValue>>>()
-        })
+        });
+        // The whole run on a thread of the pool: run from the caller's thread, the pool's
+        // n threads and the caller's make n + 1, and the pool's threads, spinning between
+        // the parallel kernels, take the caller's core. With 2 threads on 2 cores every
+        // model's step was slower than with 1 (docs/results.md).
+        match executor {
+            Executor::MultiThread(pool) => pool.install(step),
+            _ => step(),
+        }
         .map_err(err)
     }
 }
