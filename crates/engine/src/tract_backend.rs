@@ -184,32 +184,37 @@ impl Compiled {
 
     fn run(&self, executor: &Executor, inputs: TVec<TValue>) -> Result<TVec<TValue>, EngineError> {
         let plan = self.plan_for(&inputs);
-        let step = || multithread_tract_scope(executor.clone(), || {
-            // `SimplePlan::run` forgets the batch it bound before returning; the steps
-            // of a run, done here, keep it for `bind_symbols`.
-            let mut state = plan.spawn()?;
-            state.set_inputs(inputs)?;
-            match &self.profile {
-                None => state.exec()?,
-                Some(recorder) => {
-                    let mut nodes = Vec::new();
-                    state.exec_plan_with_eval(
-                        |ctx: &EvalContext, op_state: Option<&mut (dyn OpState + 'static)>, node: &TypedNode, input| {
-                            let started = Instant::now();
-                            let outputs = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
-                            if !node.op_is::<tract_onnx::tract_core::ops::source::TypedSource>() {
-                                nodes.push(recorder.node_time(node, started.elapsed().as_secs_f64() * 1e6));
-                            }
-                            outputs
-                        },
-                    )?;
-                    recorder.runs.lock().unwrap_or_else(|p| p.into_inner()).push(nodes);
+        let step = || {
+            multithread_tract_scope(executor.clone(), || {
+                // `SimplePlan::run` forgets the batch it bound before returning; the steps
+                // of a run, done here, keep it for `bind_symbols`.
+                let mut state = plan.spawn()?;
+                state.set_inputs(inputs)?;
+                match &self.profile {
+                    None => state.exec()?,
+                    Some(recorder) => {
+                        let mut nodes = Vec::new();
+                        state.exec_plan_with_eval(
+                            |ctx: &EvalContext,
+                             op_state: Option<&mut (dyn OpState + 'static)>,
+                             node: &TypedNode,
+                             input| {
+                                let started = Instant::now();
+                                let outputs = tract_onnx::tract_core::plan::eval(ctx, op_state, node, input);
+                                if !node.op_is::<tract_onnx::tract_core::ops::source::TypedSource>() {
+                                    nodes.push(recorder.node_time(node, started.elapsed().as_secs_f64() * 1e6));
+                                }
+                                outputs
+                            },
+                        )?;
+                        recorder.runs.lock().unwrap_or_else(|p| p.into_inner()).push(nodes);
+                    }
                 }
-            }
-            let outputs = state.outputs()?;
-            let symbols = &state.turn_state.resolved_symbols;
-            outputs.into_iter().map(|t| bind_symbols(t, symbols)).collect::<TractResult<TVec<TValue>>>()
-        });
+                let outputs = state.outputs()?;
+                let symbols = &state.turn_state.resolved_symbols;
+                outputs.into_iter().map(|t| bind_symbols(t, symbols)).collect::<TractResult<TVec<TValue>>>()
+            })
+        };
         // The whole run on a thread of the pool: run from the caller's thread, the pool's
         // n threads and the caller's make n + 1, and the pool's threads, spinning between
         // the parallel kernels, take the caller's core. With 2 threads on 2 cores every
