@@ -54,8 +54,13 @@ fn main() -> TractResult<()> {
                 typed.declutter()?;
                 let f = edgefreeze_engine::tract_lower::fuse_comparison_masks(&mut typed)?;
                 let n = edgefreeze_engine::tract_lower::widen_per_channel_operands(&mut typed)?;
+                let w = if std::env::var_os("NOWIDE").is_none() {
+                    edgefreeze_engine::tract_lower::lay_batch_along_width(&mut typed)?
+                } else {
+                    0
+                };
                 let p = edgefreeze_engine::tract_lower::pad_convolutions_explicitly(&mut typed)?;
-                eprintln!("fused {f} masks, widened {n} broadcasts, padded {p} convolutions");
+                eprintln!("fused {f} masks, widened {n} broadcasts, padded {p} convolutions, {w} along the width");
                 typed.optimize()?;
                 if std::env::var_os("SHAPES").is_some() {
                     let mut seen: std::collections::BTreeMap<String, usize> = Default::default();

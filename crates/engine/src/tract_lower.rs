@@ -26,15 +26,27 @@
 //! patches are for a 3×3 kernel) took ResNet-20's im2col from 175 to 107 ms a step at
 //! batch 32. Depthwise convolutions have their own kernel in tract, which an explicit
 //! pad made slower: they keep theirs.
+//!
+//! **Batch along the width.** tract has a direct convolution kernel (a filter along each
+//! output row, four output channels at a time) that it takes only for rows of at least
+//! 128 points; shorter rows go to im2col and a matrix product, and im2col, writing every
+//! input value once per kernel tap, is most of the time of a small-map convolution
+//! (ResNet-20's 16-channel 28×28 layers: two thirds). A convolution without padding over
+//! `[N, C, H, W]` reads the same taps when its N images lie side by side in one row,
+//! `[1, C, H, N·W]`: an output point reads only its own image's columns, and the points
+//! straddling two images are dropped. Moving the batch next to the width, with the
+//! padding, and back ([`BatchToWidth`], [`WidthToBatch`]) costs one copy of the input and
+//! one of the output, against the kernel-volume copies of im2col.
 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::{
-    EvalContext, EvalOp, Op, StaticName, args_2, as_op, op_as_typed_op, op_out_of_plan,
+    EvalContext, EvalOp, Op, StaticName, args_1, args_2, as_op, op_as_typed_op, op_out_of_plan,
 };
 use tract_onnx::tract_core::ops::array::{MultiBroadcastTo, Pad, PadMode};
 use tract_onnx::tract_core::ops::binary::TypedBinOp;
 use tract_onnx::tract_core::ops::cast::Cast;
 use tract_onnx::tract_core::ops::cnn::{Conv, PaddingSpec};
+use tract_onnx::tract_core::ops::nn::DataFormat;
 
 /// The binary ops tract has vectorised by-scalar and unicast kernels for.
 const VECTORISED: [&str; 5] = ["Add", "Sub", "Mul", "Min", "Max"];
@@ -75,6 +87,217 @@ pub fn pad_convolutions_explicitly(model: &mut TypedModel) -> TractResult<usize>
         padded += 1;
     }
     Ok(padded)
+}
+
+/// tract's direct convolution takes output rows of at least this many points (its
+/// `MIN_DIRECT_SPATIAL_W`, private to it).
+const DIRECT_ROW: usize = 128;
+
+/// The largest input channels × kernel taps [`lay_batch_along_width`] takes: tract's
+/// direct kernel takes up to 576, but from 64 channels of a 3×3 kernel on, its matrix
+/// product beats the direct filter by more than im2col costs it (docs/results.md).
+const DIRECT_TAPS: usize = 300;
+
+/// Lays the batch of every ungrouped float 2-D NCHW convolution whose rows are too short
+/// for tract's direct kernel along the width instead (module doc), where the batch makes
+/// the row long enough: [`BatchToWidth`] (with the convolution's padding), the
+/// convolution unpadded, [`WidthToBatch`]. Returns how many it changed. Run before
+/// [`pad_convolutions_explicitly`], which would pad these a second time.
+pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
+    use tract_onnx::tract_core::tract_linalg::routines;
+    // The kernels tract's direct convolution needs on this host: four output channels at
+    // a time, and one at a time for the channels left over.
+    let (four, one) = (routines::conv_w4_f32().is_some(), routines::depthwise_w_f32().is_some());
+    if !four {
+        return Ok(0);
+    }
+    let mut laid = 0;
+    for id in model.eval_order()? {
+        let node = model.node(id);
+        let Some(conv) = node.op_as::<Conv>() else { continue };
+        let x = model.outlet_fact(node.inputs[0])?;
+        let ((top, left), (bottom, right)) = match &conv.pool_spec.padding {
+            PaddingSpec::Valid => ((0, 0), (0, 0)),
+            PaddingSpec::Explicit(b, a) if b.len() == 2 && a.len() == 2 => ((b[0], b[1]), (a[0], a[1])),
+            _ => continue,
+        };
+        let Some(&[n, c, h, w]) = x.shape.as_concrete() else { continue };
+        let spec = &conv.pool_spec;
+        let taps: usize = spec.kernel_shape.iter().product();
+        if conv.group != 1
+            || conv.q_params.is_some()
+            || x.datum_type != f32::datum_type()
+            || spec.data_format != DataFormat::NCHW
+            || spec.kernel_shape.len() != 2
+            || n < 2
+            || taps < 2
+            || c * taps > DIRECT_TAPS
+            || (!spec.output_channels.is_multiple_of(4) && !one)
+        {
+            continue;
+        }
+        let (kw, sw) = (spec.kernel_shape[1], spec.strides.as_ref().map_or(1, |s| s[1]));
+        let dw = spec.dilations.as_ref().map_or(1, |d| d[1]);
+        let (reach, w) = (dw * (kw - 1) + 1, left + w + right);
+        if w < reach {
+            continue;
+        }
+        let out_w = (w - reach) / sw + 1;
+        // Each image's columns padded to a multiple of the stride, so that every image's
+        // first output point starts on the stride, `per_image` points after the previous
+        // image's; the points of the last image's end from the row's end are dropped.
+        let image_w = w.div_ceil(sw) * sw;
+        let per_image = image_w / sw;
+        let wide_out = (n * image_w - reach) / sw + 1;
+        if out_w >= DIRECT_ROW || wide_out < DIRECT_ROW {
+            continue;
+        }
+        let to_width = BatchToWidth { top, bottom, left, image_w };
+        let to_batch = WidthToBatch { batch: n, per_image, width: out_w };
+        let mut wide = conv.clone();
+        wide.pool_spec.padding = PaddingSpec::Valid;
+        let (name, inputs) = (node.name.clone(), node.inputs.clone());
+        let mut patch = TypedModelPatch::default();
+        let mut taps_in = patch.taps(model, &inputs)?;
+        taps_in[0] = patch.wire_node(format!("{name}.batch_to_width"), to_width, &[taps_in[0]])?[0];
+        let y = patch.wire_node(&name, wide, &taps_in)?[0];
+        let y = patch.wire_node(format!("{name}.width_to_batch"), to_batch, &[y])?[0];
+        debug_assert_eq!(patch.outlet_fact(y)?.shape.as_concrete(), Some(&[n, spec.output_channels, h, out_w][..]));
+        patch.shunt_outside(model, id.into(), y)?;
+        patch.apply(model)?;
+        laid += 1;
+    }
+    Ok(laid)
+}
+
+/// `[N, C, H, W]` → `[1, C, top + H + bottom, N · image_w]`: image n's row at columns
+/// `n · image_w + left ..`, zeros around it, in one pass (a `Pad` and a transpose would
+/// copy twice).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BatchToWidth {
+    /// Rows of zeros above each image.
+    pub top: usize,
+    /// Rows of zeros below each image.
+    pub bottom: usize,
+    /// Columns of zeros before each image's row.
+    pub left: usize,
+    /// Columns each image takes in the wide row: zeros, its row, zeros.
+    pub image_w: usize,
+}
+
+/// `[1, C, H, ≥ (N - 1) · per_image + width]` → `[N, C, H, width]`: image n's row from
+/// column `n · per_image`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WidthToBatch {
+    /// The images, N.
+    pub batch: usize,
+    /// Columns from one image's row to the next one's.
+    pub per_image: usize,
+    /// Columns of each image's row.
+    pub width: usize,
+}
+
+impl Op for BatchToWidth {
+    fn name(&self) -> StaticName {
+        "BatchToWidth".into()
+    }
+
+    op_as_typed_op!();
+}
+
+impl Op for WidthToBatch {
+    fn name(&self) -> StaticName {
+        "WidthToBatch".into()
+    }
+
+    op_as_typed_op!();
+}
+
+/// The four dimensions of a float32 NCHW tensor, or an error naming the op.
+fn four_dims(op: &str, t: &Tensor) -> TractResult<[usize; 4]> {
+    match t.shape() {
+        &[n, c, h, w] if t.datum_type() == f32::datum_type() => Ok([n, c, h, w]),
+        shape => {
+            Err(TractError::msg(format!("{op}: float32 [N, C, H, W] expected, got {:?} {shape:?}", t.datum_type())))
+        }
+    }
+}
+
+impl EvalOp for BatchToWidth {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let x = args_1!(inputs);
+        let [n, c, h, w] = four_dims("BatchToWidth", &x)?;
+        if self.left + w > self.image_w {
+            return Err(TractError::msg("BatchToWidth: the image is wider than its place"));
+        }
+        let x = x.to_plain_array_view::<f32>()?;
+        let x = x.as_standard_layout();
+        let x = x.as_slice().expect("standard layout");
+        let (rows, wide) = (self.top + h + self.bottom, n * self.image_w);
+        let mut out = Tensor::zero::<f32>(&[1, c, rows, wide])?;
+        let mut view = out.to_plain_array_view_mut::<f32>()?;
+        let o = view.as_slice_mut().expect("a new tensor");
+        for (ci, plane) in o.chunks_exact_mut(rows * wide).enumerate() {
+            for y in 0..h {
+                let row = &mut plane[(self.top + y) * wide..][..wide];
+                for i in 0..n {
+                    let from = &x[((i * c + ci) * h + y) * w..][..w];
+                    row[i * self.image_w + self.left..][..w].copy_from_slice(from);
+                }
+            }
+        }
+        drop(view);
+        Ok(tvec!(out.into_tvalue()))
+    }
+}
+
+impl EvalOp for WidthToBatch {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let y = args_1!(inputs);
+        let [one, c, h, wide] = four_dims("WidthToBatch", &y)?;
+        if one != 1 || self.batch == 0 || (self.batch - 1) * self.per_image + self.width > wide {
+            return Err(TractError::msg("WidthToBatch: the row is too short for its images"));
+        }
+        let y = y.to_plain_array_view::<f32>()?;
+        let y = y.as_standard_layout();
+        let y = y.as_slice().expect("standard layout");
+        // SAFETY: the loop below writes every element before the tensor is read.
+        let mut out = unsafe { Tensor::uninitialized::<f32>(&[self.batch, c, h, self.width])? };
+        let mut view = out.to_plain_array_view_mut::<f32>()?;
+        let o = view.as_slice_mut().expect("a new tensor");
+        for (row, dst) in o.chunks_exact_mut(self.width).enumerate() {
+            let (i, cy) = (row / (c * h), row % (c * h));
+            dst.copy_from_slice(&y[cy * wide + i * self.per_image..][..self.width]);
+        }
+        drop(view);
+        Ok(tvec!(out.into_tvalue()))
+    }
+}
+
+impl TypedOp for BatchToWidth {
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        let Some(&[n, c, h, _]) = inputs[0].shape.as_concrete() else {
+            return Err(TractError::msg("BatchToWidth: concrete [N, C, H, W] input expected"));
+        };
+        Ok(tvec!(f32::fact([1, c, self.top + h + self.bottom, n * self.image_w])))
+    }
+
+    as_op!();
+}
+
+impl TypedOp for WidthToBatch {
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        let Some(&[_, c, h, _]) = inputs[0].shape.as_concrete() else {
+            return Err(TractError::msg("WidthToBatch: concrete [1, C, H, W] input expected"));
+        };
+        Ok(tvec!(f32::fact([self.batch, c, h, self.width])))
+    }
+
+    as_op!();
 }
 
 /// Broadcasts the per-channel operand of every element-wise op that would fall to tract's
