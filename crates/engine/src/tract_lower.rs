@@ -1,6 +1,7 @@
 //! Rewrites of a tract model, made once its dimensions are numbers and its decluttering
 //! is done, that steer tract's code generation onto its fast kernels. They change how a
-//! value is computed, never what it is: every rewrite here gives the same bits.
+//! value is computed, never what it is: every rewrite here gives the same bits, but the
+//! one that moves convolutions onto another kernel, whose sums run in another order.
 //!
 //! **Per-channel operands.** tract code-generates an element-wise `Add`, `Sub`, `Mul`,
 //! `Min` or `Max` into a vectorised kernel only where the smaller operand lines up with
@@ -121,7 +122,7 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
             PaddingSpec::Explicit(b, a) if b.len() == 2 && a.len() == 2 => ((b[0], b[1]), (a[0], a[1])),
             _ => continue,
         };
-        let Some(&[n, c, h, w]) = x.shape.as_concrete() else { continue };
+        let Some(&[n, c, _, w]) = x.shape.as_concrete() else { continue };
         let spec = &conv.pool_spec;
         let taps: usize = spec.kernel_shape.iter().product();
         if conv.group != 1
@@ -162,7 +163,11 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
         taps_in[0] = patch.wire_node(format!("{name}.batch_to_width"), to_width, &[taps_in[0]])?[0];
         let y = patch.wire_node(&name, wide, &taps_in)?[0];
         let y = patch.wire_node(format!("{name}.width_to_batch"), to_batch, &[y])?[0];
-        debug_assert_eq!(patch.outlet_fact(y)?.shape.as_concrete(), Some(&[n, spec.output_channels, h, out_w][..]));
+        // The convolution's own output, images in their places.
+        let before = model.outlet_fact(id.into())?.shape.to_tvec();
+        if patch.outlet_fact(y)?.shape.to_tvec() != before {
+            return Err(TractError::msg(format!("{name}: laid along the width, the output is not {before:?}")));
+        }
         patch.shunt_outside(model, id.into(), y)?;
         patch.apply(model)?;
         laid += 1;
