@@ -60,7 +60,10 @@ fn main() -> TractResult<()> {
                     0
                 };
                 let p = edgefreeze_engine::tract_lower::pad_convolutions_explicitly(&mut typed)?;
-                eprintln!("fused {f} masks, widened {n} broadcasts, padded {p} convolutions, {w} along the width");
+                let r = edgefreeze_engine::tract_lower::scatter_by_rows(&mut typed)?;
+                eprintln!(
+                    "fused {f} masks, widened {n} broadcasts, padded {p} convolutions, {w} along the width, {r} scatters"
+                );
                 typed.optimize()?;
                 if std::env::var_os("SHAPES").is_some() {
                     let mut seen: std::collections::BTreeMap<String, usize> = Default::default();

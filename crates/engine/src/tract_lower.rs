@@ -38,12 +38,17 @@
 //! straddling two images are dropped. Moving the batch next to the width, with the
 //! padding, and back ([`BatchToWidth`], [`WidthToBatch`]) costs one copy of the input and
 //! one of the output, against the kernel-volume copies of im2col.
+//!
+//! **Scatters.** The max-pool gradient adds dY into zeros at its argmax with one
+//! `ScatterElements`. tract's runs an n-dimensional index per element (a quarter of
+//! LeNet-5's and of M5's step); [`ScatterRows`] does the same additions, in the same
+//! order, by offsets into contiguous rows.
 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::{
-    EvalContext, EvalOp, Op, StaticName, args_1, args_2, as_op, op_as_typed_op, op_out_of_plan,
+    EvalContext, EvalOp, Op, StaticName, args_1, args_2, args_3, as_op, op_as_typed_op, op_out_of_plan,
 };
-use tract_onnx::tract_core::ops::array::{MultiBroadcastTo, Pad, PadMode};
+use tract_onnx::tract_core::ops::array::{MultiBroadcastTo, Pad, PadMode, ScatterElements, ScatterReduction};
 use tract_onnx::tract_core::ops::binary::TypedBinOp;
 use tract_onnx::tract_core::ops::cast::Cast;
 use tract_onnx::tract_core::ops::cnn::{Conv, PaddingSpec};
@@ -94,6 +99,10 @@ pub fn pad_convolutions_explicitly(model: &mut TypedModel) -> TractResult<usize>
 /// `MIN_DIRECT_SPATIAL_W`, private to it).
 const DIRECT_ROW: usize = 128;
 
+/// How many points at the end of a row tract's direct kernel may compute one at a time
+/// (x86-64: fewer than 9; aarch64: fewer than 5), with a margin.
+const DIRECT_TAIL: usize = 16;
+
 /// The largest input channels × kernel taps [`lay_batch_along_width`] takes: tract's
 /// direct kernel takes up to 576, but from 64 channels of a 3×3 kernel on, its matrix
 /// product beats the direct filter by more than im2col costs it (docs/results.md).
@@ -130,7 +139,6 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
             || x.datum_type != f32::datum_type()
             || spec.data_format != DataFormat::NCHW
             || spec.kernel_shape.len() != 2
-            || n < 2
             || taps < 2
             || c * taps > DIRECT_TAPS
             || (!spec.output_channels.is_multiple_of(4) && !one)
@@ -149,11 +157,18 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
         // image's; the points of the last image's end from the row's end are dropped.
         let image_w = w.div_ceil(sw) * sw;
         let per_image = image_w / sw;
-        let wide_out = (n * image_w - reach) / sw + 1;
-        if out_w >= DIRECT_ROW || wide_out < DIRECT_ROW {
+        if out_w >= DIRECT_ROW {
             continue;
         }
-        let to_width = BatchToWidth { top, bottom, left, image_w };
+        // Zeros after the last image, so that the row is long enough for the direct kernel
+        // whatever the batch, and so that the kernel's last points, which it computes one at
+        // a time with a separate product and sum where the others have a fused
+        // multiply-add, are all past the last image: every image's points are then the same
+        // bits at any batch size and place in the batch (a resumed run must repeat its
+        // steps bit for bit, and a last batch of an epoch is smaller).
+        let points = DIRECT_ROW.max((n - 1) * per_image + out_w + DIRECT_TAIL);
+        let row = (n * image_w).max(DIRECT_ROW).max((points - 1) * sw + reach);
+        let to_width = BatchToWidth { top, bottom, left, image_w, row };
         let to_batch = WidthToBatch { batch: n, per_image, width: out_w };
         let mut wide = conv.clone();
         wide.pool_spec.padding = PaddingSpec::Valid;
@@ -175,7 +190,7 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
     Ok(laid)
 }
 
-/// `[N, C, H, W]` → `[1, C, top + H + bottom, N · image_w]`: image n's row at columns
+/// `[N, C, H, W]` → `[1, C, top + H + bottom, row]`: image n's row at columns
 /// `n · image_w + left ..`, zeros around it, in one pass (a `Pad` and a transpose would
 /// copy twice).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -188,6 +203,8 @@ pub struct BatchToWidth {
     pub left: usize,
     /// Columns each image takes in the wide row: zeros, its row, zeros.
     pub image_w: usize,
+    /// Columns of the wide row, at least N · image_w: zeros after the last image.
+    pub row: usize,
 }
 
 /// `[1, C, H, ≥ (N - 1) · per_image + width]` → `[N, C, H, width]`: image n's row from
@@ -234,13 +251,13 @@ impl EvalOp for BatchToWidth {
     fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
         let x = args_1!(inputs);
         let [n, c, h, w] = four_dims("BatchToWidth", &x)?;
-        if self.left + w > self.image_w {
-            return Err(TractError::msg("BatchToWidth: the image is wider than its place"));
+        if self.left + w > self.image_w || n * self.image_w > self.row {
+            return Err(TractError::msg("BatchToWidth: the images are wider than their places"));
         }
         let x = x.to_plain_array_view::<f32>()?;
         let x = x.as_standard_layout();
         let x = x.as_slice().expect("standard layout");
-        let (rows, wide) = (self.top + h + self.bottom, n * self.image_w);
+        let (rows, wide) = (self.top + h + self.bottom, self.row);
         let mut out = Tensor::zero::<f32>(&[1, c, rows, wide])?;
         let mut view = out.to_plain_array_view_mut::<f32>()?;
         let o = view.as_slice_mut().expect("a new tensor");
@@ -285,10 +302,10 @@ impl EvalOp for WidthToBatch {
 
 impl TypedOp for BatchToWidth {
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
-        let Some(&[n, c, h, _]) = inputs[0].shape.as_concrete() else {
+        let Some(&[_, c, h, _]) = inputs[0].shape.as_concrete() else {
             return Err(TractError::msg("BatchToWidth: concrete [N, C, H, W] input expected"));
         };
-        Ok(tvec!(f32::fact([1, c, self.top + h + self.bottom, n * self.image_w])))
+        Ok(tvec!(f32::fact([1, c, self.top + h + self.bottom, self.row])))
     }
 
     as_op!();
@@ -300,6 +317,118 @@ impl TypedOp for WidthToBatch {
             return Err(TractError::msg("WidthToBatch: concrete [1, C, H, W] input expected"));
         };
         Ok(tvec!(f32::fact([self.batch, c, h, self.width])))
+    }
+
+    as_op!();
+}
+
+/// Replaces every float32 `ScatterElements` that adds or writes (no other reduction) and
+/// whose updates have the data's shape but along its axis by [`ScatterRows`] (module
+/// doc). Returns how many it replaced.
+pub fn scatter_by_rows(model: &mut TypedModel) -> TractResult<usize> {
+    let mut replaced = 0;
+    for id in model.eval_order()? {
+        let node = model.node(id);
+        let Some(op) = node.op_as::<ScatterElements>() else { continue };
+        let add = match op.reduction {
+            ScatterReduction::Add => true,
+            ScatterReduction::None => false,
+            _ => continue,
+        };
+        let facts = model.node_input_facts(id)?;
+        let (Some(data), Some(indices), Some(updates)) =
+            (facts[0].shape.as_concrete(), facts[1].shape.as_concrete(), facts[2].shape.as_concrete())
+        else {
+            continue;
+        };
+        let same_but_axis = data.len() == updates.len()
+            && data.iter().zip(updates).enumerate().all(|(axis, (d, u))| axis == op.axis || d == u);
+        if facts[0].datum_type != f32::datum_type()
+            || facts[2].datum_type != f32::datum_type()
+            || !matches!(facts[1].datum_type, DatumType::I64 | DatumType::I32)
+            || indices != updates
+            || !same_but_axis
+        {
+            continue;
+        }
+        let scatter = ScatterRows { axis: op.axis, add };
+        drop(facts);
+        let (name, inputs) = (node.name.clone(), node.inputs.clone());
+        let mut patch = TypedModelPatch::default();
+        let taps = patch.taps(model, &inputs)?;
+        let out = patch.wire_node(&name, scatter, &taps)?[0];
+        patch.shunt_outside(model, id.into(), out)?;
+        patch.apply(model)?;
+        replaced += 1;
+    }
+    Ok(replaced)
+}
+
+/// ONNX `ScatterElements` of float32 along `axis`, adding (or writing, `add` false) each
+/// update at its index, for updates of the data's shape but along the axis: the updates
+/// in row-major order, as tract's own op takes them (so additions at one index happen in
+/// its order), each at an offset into the data's contiguous rows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScatterRows {
+    /// The axis the indices index.
+    pub axis: usize,
+    /// Whether updates add to the data (`reduction="add"`) or replace it.
+    pub add: bool,
+}
+
+impl Op for ScatterRows {
+    fn name(&self) -> StaticName {
+        "ScatterRows".into()
+    }
+
+    op_as_typed_op!();
+}
+
+impl EvalOp for ScatterRows {
+    op_out_of_plan!();
+
+    fn eval(&self, _ctx: &EvalContext, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        let (data, indices, updates) = args_3!(inputs);
+        let (shape, along) = (data.shape().to_vec(), updates.shape().to_vec());
+        if indices.shape() != along.as_slice() || shape.len() != along.len() || self.axis >= shape.len() {
+            return Err(TractError::msg("ScatterRows: indices and updates differ in shape"));
+        }
+        let indices = indices.cast_to::<i64>()?;
+        let indices = indices.to_plain_array_view::<i64>()?;
+        let indices = indices.as_standard_layout();
+        let indices = indices.as_slice().expect("standard layout");
+        let updates = updates.to_plain_array_view::<f32>()?;
+        let updates = updates.as_standard_layout();
+        let updates = updates.as_slice().expect("standard layout");
+        let mut out = data.into_tensor();
+        let mut view = out.to_plain_array_view_mut::<f32>()?;
+        let Some(o) = view.as_slice_mut() else {
+            return Err(TractError::msg("ScatterRows: the data is not contiguous"));
+        };
+        // updates [outer, k, inner] into data [outer, d, inner].
+        let (d, k) = (shape[self.axis] as i64, along[self.axis]);
+        let inner: usize = shape[self.axis + 1..].iter().product();
+        for (block, (idx, upd)) in indices.chunks_exact(k * inner).zip(updates.chunks_exact(k * inner)).enumerate() {
+            let row = block * d as usize * inner;
+            for (idx, upd) in idx.chunks_exact(inner).zip(upd.chunks_exact(inner)) {
+                for (j, (&i, &u)) in idx.iter().zip(upd).enumerate() {
+                    let at = if i < 0 { i + d } else { i };
+                    if !(0..d).contains(&at) {
+                        return Err(TractError::msg(format!("ScatterRows: index {i} outside an axis of {d}")));
+                    }
+                    let cell = &mut o[row + at as usize * inner + j];
+                    *cell = if self.add { *cell + u } else { u };
+                }
+            }
+        }
+        drop(view);
+        Ok(tvec!(out.into_tvalue()))
+    }
+}
+
+impl TypedOp for ScatterRows {
+    fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
+        Ok(tvec!(f32::fact(inputs[0].shape.clone())))
     }
 
     as_op!();

@@ -4,7 +4,9 @@
 //! where the arithmetic is exact (masks, broadcasts) those of ONNX Runtime too, at the
 //! values where masks and broadcasts go wrong if anything does.
 
-use edgefreeze_engine::tract_lower::{fuse_comparison_masks, pad_convolutions_explicitly, widen_per_channel_operands};
+use edgefreeze_engine::tract_lower::{
+    fuse_comparison_masks, pad_convolutions_explicitly, scatter_by_rows, widen_per_channel_operands,
+};
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
 use edgefreeze_graph::{DataType, Tensor, save::encode_model};
@@ -47,8 +49,21 @@ fn patterns() -> Vec<u8> {
         Node::new("scale", "Mul", &["gamma", "centred"], &["scaled"]),
         // a padded convolution (uneven pads), of finite values
         Node::new("conv", "Conv", &["dy_finite", "w"], &["conv"]).with_attr("pads", Attribute::Ints(vec![1, 2, 0, 1])),
+        // scatters: adding along the last axis, indices repeated and negative; writing
+        // along the channels
+        Node::new("scatter_add", "ScatterElements", &["dy_finite", "idx_add", "upd_add"], &["scatter_add"])
+            .with_attr("axis", Attribute::Int(3))
+            .with_attr("reduction", Attribute::String("add".into())),
+        Node::new("scatter_set", "ScatterElements", &["dy_finite", "idx_set", "upd_set"], &["scatter_set"])
+            .with_attr("axis", Attribute::Int(1)),
     ];
     let channel = || vec![Dim::Fixed(1), Dim::Fixed(SHAPE[1]), Dim::Fixed(1), Dim::Fixed(1)];
+    // The input's shape, but `k` along `axis`.
+    let along = |axis: usize, k: usize| -> Vec<Dim> {
+        let mut dims = batch();
+        dims[axis] = Dim::Fixed(k);
+        dims
+    };
     let graph = Graph {
         name: "lowering".into(),
         nodes,
@@ -59,8 +74,12 @@ fn patterns() -> Vec<u8> {
             ValueInfo::new("gamma", DataType::Float32, channel()),
             ValueInfo::new("dy_finite", DataType::Float32, batch()),
             ValueInfo::new("w", DataType::Float32, [2, SHAPE[1], 3, 3].map(Dim::Fixed).to_vec()),
+            ValueInfo::new("idx_add", DataType::Int64, along(3, 3)),
+            ValueInfo::new("upd_add", DataType::Float32, along(3, 3)),
+            ValueInfo::new("idx_set", DataType::Int64, along(1, 2)),
+            ValueInfo::new("upd_set", DataType::Float32, along(1, 2)),
         ],
-        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled", "conv"]
+        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled", "conv", "scatter_add", "scatter_set"]
             .iter()
             .map(|n| ValueInfo {
                 name: n.to_string(),
@@ -89,6 +108,15 @@ fn inputs() -> Vec<(&'static str, Value)> {
         })
         .collect();
     let array = |dims: &[usize], v: Vec<f32>| Value::F32(ArrayD::from_shape_vec(IxDyn(dims), v).unwrap());
+    let along = |axis: usize, k: usize| {
+        let mut dims = SHAPE;
+        dims[axis] = k;
+        dims
+    };
+    let indices = |dims: &[usize], f: fn(usize) -> i64| {
+        let n: usize = dims.iter().product();
+        Value::I64(ArrayD::from_shape_vec(IxDyn(dims), (0..n).map(f).collect()).unwrap())
+    };
     let finite: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5).collect();
     let w: Vec<f32> = (0..2 * SHAPE[1] * 9).map(|i| ((i * 5) % 13) as f32 * 0.11 - 0.6).collect();
     vec![
@@ -98,6 +126,13 @@ fn inputs() -> Vec<(&'static str, Value)> {
         ("w", array(&[2, SHAPE[1], 3, 3], w)),
         ("mean", array(&[1, SHAPE[1], 1, 1], vec![0.5, -0.0, 3.0])),
         ("gamma", array(&[1, SHAPE[1], 1, 1], vec![2.0, -1.5, 0.0])),
+        // along the last axis (4): indices 3, -1 (also 3) and 0, so that two updates add
+        // at one place, in an order the bits show
+        ("idx_add", indices(&along(3, 3), |i| [3, -1, 0][i % 3])),
+        ("upd_add", array(&along(3, 3), (0..n / 4 * 3).map(|i| (i as f32 * 0.731).sin() * 1e3 + 0.1).collect())),
+        // along the channels (3): each (n, h, w) writes two channels, one by a negative index
+        ("idx_set", indices(&along(1, 2), |i| if (i / 8) % 2 == 0 { 2 } else { -3 + (i % 2) as i64 })),
+        ("upd_set", array(&along(1, 2), (0..n / 3 * 2).map(|i| i as f32 - 7.5).collect())),
     ]
 }
 
@@ -117,8 +152,10 @@ fn lowered_plans_give_the_bits_of_the_unlowered_ones() {
     let generic = run(EngineKind::Tract, EngineOptions { tract_generic_plan: true, ..one_thread.clone() });
     let ort = run(EngineKind::Ort(Provider::Cpu), one_thread);
     assert_eq!(lowered, generic);
-    // The convolution sums in each engine's own order: the other outputs are exact.
+    // The convolution sums in each engine's own order: the other outputs are exact, the
+    // scatter's additions at one index included (both take the updates in order).
     assert_eq!(lowered[..4], ort[..4]);
+    assert_eq!(lowered[5..], ort[5..]);
 }
 
 #[test]
@@ -131,8 +168,10 @@ fn the_passes_find_the_patterns() {
     assert_eq!(fuse_comparison_masks(&mut model).unwrap(), 3);
     assert_eq!(widen_per_channel_operands(&mut model).unwrap(), 2);
     assert_eq!(pad_convolutions_explicitly(&mut model).unwrap(), 1);
+    assert_eq!(scatter_by_rows(&mut model).unwrap(), 2);
     model.optimize().unwrap();
     let names: Vec<String> = model.nodes.iter().map(|n| n.op.name().to_string()).collect();
     assert_eq!(names.iter().filter(|n| *n == "PassInside").count(), 3, "{names:?}");
     assert!(!names.iter().any(|n| ["GT", "LT", "And", "Cast"].contains(&n.as_str())), "{names:?}");
+    assert_eq!(names.iter().filter(|n| *n == "ScatterRows").count(), 2, "{names:?}");
 }
