@@ -393,6 +393,9 @@ impl EvalOp for ScatterRows {
         if indices.shape() != along.as_slice() || shape.len() != along.len() || self.axis >= shape.len() {
             return Err(TractError::msg("ScatterRows: indices and updates differ in shape"));
         }
+        if along.contains(&0) {
+            return Ok(tvec!(data));
+        }
         let indices = indices.cast_to::<i64>()?;
         let indices = indices.to_plain_array_view::<i64>()?;
         let indices = indices.as_standard_layout();

@@ -15,6 +15,10 @@ use tract_onnx::prelude::*;
 
 const SHAPE: [usize; 4] = [2, 3, 2, 4];
 
+/// Input channels of the convolution: 36 × 9 taps is more than `lay_batch_along_width`
+/// takes, so the convolution keeps tract's im2col and its bits.
+const CONV_CHANNELS: usize = 36;
+
 fn scalar(name: &str, v: f32) -> Node {
     Node::new(name, "Constant", &[], &[name])
         .with_attr("value", Attribute::Tensor(Tensor::from_f32(vec![], &[v]).unwrap()))
@@ -47,8 +51,9 @@ fn patterns() -> Vec<u8> {
         // per-channel operands [1, C, 1, 1], either side
         Node::new("centre", "Sub", &["y", "mean"], &["centred"]),
         Node::new("scale", "Mul", &["gamma", "centred"], &["scaled"]),
-        // a padded convolution (uneven pads), of finite values
-        Node::new("conv", "Conv", &["dy_finite", "w"], &["conv"]).with_attr("pads", Attribute::Ints(vec![1, 2, 0, 1])),
+        // a padded convolution (uneven pads), of finite values, with too many input
+        // channels × taps to be laid along the width (tract_wide_conv.rs)
+        Node::new("conv", "Conv", &["cx", "w"], &["conv"]).with_attr("pads", Attribute::Ints(vec![1, 2, 0, 1])),
         // scatters: adding along the last axis, indices repeated and negative; writing
         // along the channels
         Node::new("scatter_add", "ScatterElements", &["dy_finite", "idx_add", "upd_add"], &["scatter_add"])
@@ -73,7 +78,8 @@ fn patterns() -> Vec<u8> {
             ValueInfo::new("mean", DataType::Float32, channel()),
             ValueInfo::new("gamma", DataType::Float32, channel()),
             ValueInfo::new("dy_finite", DataType::Float32, batch()),
-            ValueInfo::new("w", DataType::Float32, [2, SHAPE[1], 3, 3].map(Dim::Fixed).to_vec()),
+            ValueInfo::new("cx", DataType::Float32, along(1, CONV_CHANNELS)),
+            ValueInfo::new("w", DataType::Float32, [2, CONV_CHANNELS, 3, 3].map(Dim::Fixed).to_vec()),
             ValueInfo::new("idx_add", DataType::Int64, along(3, 3)),
             ValueInfo::new("upd_add", DataType::Float32, along(3, 3)),
             ValueInfo::new("idx_set", DataType::Int64, along(1, 2)),
@@ -118,12 +124,14 @@ fn inputs() -> Vec<(&'static str, Value)> {
         Value::I64(ArrayD::from_shape_vec(IxDyn(dims), (0..n).map(f).collect()).unwrap())
     };
     let finite: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5).collect();
-    let w: Vec<f32> = (0..2 * SHAPE[1] * 9).map(|i| ((i * 5) % 13) as f32 * 0.11 - 0.6).collect();
+    let w: Vec<f32> = (0..2 * CONV_CHANNELS * 9).map(|i| ((i * 5) % 13) as f32 * 0.11 - 0.6).collect();
+    let cx: Vec<f32> = (0..n / SHAPE[1] * CONV_CHANNELS).map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5).collect();
     vec![
         ("y", array(&SHAPE, y)),
         ("dy", array(&SHAPE, dy)),
         ("dy_finite", array(&SHAPE, finite)),
-        ("w", array(&[2, SHAPE[1], 3, 3], w)),
+        ("cx", array(&along(1, CONV_CHANNELS), cx)),
+        ("w", array(&[2, CONV_CHANNELS, 3, 3], w)),
         ("mean", array(&[1, SHAPE[1], 1, 1], vec![0.5, -0.0, 3.0])),
         ("gamma", array(&[1, SHAPE[1], 1, 1], vec![2.0, -1.5, 0.0])),
         // along the last axis (4): indices 3, -1 (also 3) and 0, so that two updates add
