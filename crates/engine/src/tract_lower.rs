@@ -54,6 +54,21 @@ use tract_onnx::tract_core::ops::cast::Cast;
 use tract_onnx::tract_core::ops::cnn::{Conv, PaddingSpec};
 use tract_onnx::tract_core::ops::nn::DataFormat;
 
+/// Replaces node `id`, of one output, by what `wire` builds in a patch from the taps of
+/// `inputs`, and applies the patch: the one way every rewrite here lands.
+fn replace_node(
+    model: &mut TypedModel,
+    id: usize,
+    inputs: &[OutletId],
+    wire: impl FnOnce(&mut TypedModelPatch, TVec<OutletId>) -> TractResult<OutletId>,
+) -> TractResult<()> {
+    let mut patch = TypedModelPatch::default();
+    let taps = patch.taps(model, inputs)?;
+    let out = wire(&mut patch, taps)?;
+    patch.shunt_outside(model, id.into(), out)?;
+    patch.apply(model)
+}
+
 /// The binary ops tract has vectorised by-scalar and unicast kernels for.
 const VECTORISED: [&str; 5] = ["Add", "Sub", "Mul", "Min", "Max"];
 
@@ -83,13 +98,11 @@ pub fn pad_convolutions_explicitly(model: &mut TypedModel) -> TractResult<usize>
         let mut unpadded = conv.clone();
         unpadded.pool_spec.padding = PaddingSpec::Valid;
         let (name, inputs) = (node.name.clone(), node.inputs.clone());
-        let mut patch = TypedModelPatch::default();
-        let mut taps = patch.taps(model, &inputs)?;
-        let zero = PadMode::Constant(rctensor0(0f32));
-        taps[0] = patch.wire_node(format!("{name}.pad"), Pad { pads, mode: zero }, &[taps[0]])?[0];
-        let out = patch.wire_node(&name, unpadded, &taps)?[0];
-        patch.shunt_outside(model, id.into(), out)?;
-        patch.apply(model)?;
+        replace_node(model, id, &inputs, |patch, mut taps| {
+            let zero = PadMode::Constant(rctensor0(0f32));
+            taps[0] = patch.wire_node(format!("{name}.pad"), Pad { pads, mode: zero }, &[taps[0]])?[0];
+            Ok(patch.wire_node(&name, unpadded, &taps)?[0])
+        })?;
         padded += 1;
     }
     Ok(padded)
@@ -152,14 +165,14 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
             continue;
         }
         let out_w = (w - reach) / sw + 1;
-        // Each image's columns padded to a multiple of the stride, so that every image's
-        // first output point starts on the stride, `per_image` points after the previous
-        // image's; the points of the last image's end from the row's end are dropped.
-        let image_w = w.div_ceil(sw) * sw;
-        let per_image = image_w / sw;
         if out_w >= DIRECT_ROW {
             continue;
         }
+        // Each image's columns padded to a multiple of the stride, so that every image's
+        // first output point starts on the stride, `per_image` points after the previous
+        // image's; the points between one image's last and the next one's first are dropped.
+        let image_w = w.div_ceil(sw) * sw;
+        let per_image = image_w / sw;
         // Zeros after the last image, so that the row is long enough for the direct kernel
         // whatever the batch, and so that the kernel's last points, which it computes one at
         // a time with a separate product and sum where the others have a fused
@@ -173,18 +186,17 @@ pub fn lay_batch_along_width(model: &mut TypedModel) -> TractResult<usize> {
         let mut wide = conv.clone();
         wide.pool_spec.padding = PaddingSpec::Valid;
         let (name, inputs) = (node.name.clone(), node.inputs.clone());
-        let mut patch = TypedModelPatch::default();
-        let mut taps_in = patch.taps(model, &inputs)?;
-        taps_in[0] = patch.wire_node(format!("{name}.batch_to_width"), to_width, &[taps_in[0]])?[0];
-        let y = patch.wire_node(&name, wide, &taps_in)?[0];
-        let y = patch.wire_node(format!("{name}.width_to_batch"), to_batch, &[y])?[0];
-        // The convolution's own output, images in their places.
         let before = model.outlet_fact(id.into())?.shape.to_tvec();
-        if patch.outlet_fact(y)?.shape.to_tvec() != before {
-            return Err(TractError::msg(format!("{name}: laid along the width, the output is not {before:?}")));
-        }
-        patch.shunt_outside(model, id.into(), y)?;
-        patch.apply(model)?;
+        replace_node(model, id, &inputs, |patch, mut taps| {
+            taps[0] = patch.wire_node(format!("{name}.batch_to_width"), to_width, &[taps[0]])?[0];
+            let y = patch.wire_node(&name, wide, &taps)?[0];
+            let y = patch.wire_node(format!("{name}.width_to_batch"), to_batch, &[y])?[0];
+            // The convolution's own output, images in their places.
+            if patch.outlet_fact(y)?.shape.to_tvec() != before {
+                return Err(TractError::msg(format!("{name}: laid along the width, the output is not {before:?}")));
+            }
+            Ok(y)
+        })?;
         laid += 1;
     }
     Ok(laid)
@@ -354,11 +366,7 @@ pub fn scatter_by_rows(model: &mut TypedModel) -> TractResult<usize> {
         let scatter = ScatterRows { axis: op.axis, add };
         drop(facts);
         let (name, inputs) = (node.name.clone(), node.inputs.clone());
-        let mut patch = TypedModelPatch::default();
-        let taps = patch.taps(model, &inputs)?;
-        let out = patch.wire_node(&name, scatter, &taps)?[0];
-        patch.shunt_outside(model, id.into(), out)?;
-        patch.apply(model)?;
+        replace_node(model, id, &inputs, |patch, taps| Ok(patch.wire_node(&name, scatter, &taps)?[0]))?;
         replaced += 1;
     }
     Ok(replaced)
@@ -452,18 +460,13 @@ pub fn widen_per_channel_operands(model: &mut TypedModel) -> TractResult<usize> 
         let Some((small, target)) = by_scalar_target(a, b) else { continue };
         drop(facts);
         let node = model.node(id);
-        let (name, op) = (node.name.clone(), node.op.clone());
-        let mut patch = TypedModelPatch::default();
-        let mut inputs = patch.taps(model, &node.inputs)?;
+        let (name, op, inputs) = (node.name.clone(), node.op.clone(), node.inputs.clone());
         let shape: TVec<TDim> = target.iter().map(|&d| d.into()).collect();
-        inputs[small] = patch.wire_node(
-            format!("{name}.per_channel"),
-            MultiBroadcastTo { shape: shape.into() },
-            &[inputs[small]],
-        )?[0];
-        let out = patch.wire_node(&name, op, &inputs)?[0];
-        patch.shunt_outside(model, id.into(), out)?;
-        patch.apply(model)?;
+        replace_node(model, id, &inputs, |patch, mut taps| {
+            let broadcast = MultiBroadcastTo { shape: shape.into() };
+            taps[small] = patch.wire_node(format!("{name}.per_channel"), broadcast, &[taps[small]])?[0];
+            Ok(patch.wire_node(&name, op, &taps)?[0])
+        })?;
         widened += 1;
     }
     Ok(widened)
@@ -597,11 +600,7 @@ pub fn fuse_comparison_masks(model: &mut TypedModel) -> TractResult<usize> {
             continue;
         }
         let name = model.node(id).name.clone();
-        let mut patch = TypedModelPatch::default();
-        let taps = patch.taps(model, &[x, y])?;
-        let out = patch.wire_node(&name, pass, &taps)?[0];
-        patch.shunt_outside(model, id.into(), out)?;
-        patch.apply(model)?;
+        replace_node(model, id, &[x, y], |patch, taps| Ok(patch.wire_node(&name, pass, &taps)?[0]))?;
         fused += 1;
     }
     Ok(fused)
