@@ -16,7 +16,8 @@
 # `edgefreeze edge shape --rtt-ms RTT_MS` in its namespace (the rate stays tbf's), so the
 # probe measures it too. DEVICE_SLOW=F (1 to 10) runs every device process (the probe
 # and the training) in the CPU cgroup of `tools/netns.sh throttle --factor F`: 1/F of one
-# CPU, network threads included, while the edge has a whole CPU. EDGE_ENGINE (default
+# CPU, network threads included, while the edge has a whole CPU; DEVICE_SLOW_PERIOD_US
+# (default 10000) is the throttle's period (`netns.sh throttle --period-us`). EDGE_ENGINE (default
 # tract, the engine `edge serve` defaults to) is the edge server's engine, e.g. ort:cpu: a
 # server need not run the phone's pure-Rust engine.
 # Prints one Markdown table row per case (with the load average when it started), then
@@ -37,7 +38,7 @@ EX_EDGE="ip netns exec ef-edge"; EX_DEV="ip netns exec ef-dev"; LISTEN=10.210.0.
 [[ -z ${DEVICE_CPUS:-} ]] || EX_DEV="$EX_DEV taskset -c $DEVICE_CPUS"
 CG=
 if [[ -n ${DEVICE_SLOW:-} ]]; then
-  "$NETNS" throttle --factor "$DEVICE_SLOW" >&2
+  "$NETNS" throttle --factor "$DEVICE_SLOW" --period-us "${DEVICE_SLOW_PERIOD_US:-10000}" >&2
   for d in /sys/fs/cgroup/ef-dev /sys/fs/cgroup/cpu/ef-dev; do [[ -d $d ]] && CG=$d; done
 fi
 # A device command: in the device namespace, on its CPUs, in its cgroup when throttled.

@@ -6,7 +6,7 @@
 #   tools/netns.sh rate [--name NAME] [--up RATE] [--down RATE] [--burst SIZE] [--latency TIME]
 #   tools/netns.sh status [--name NAME]
 #   tools/netns.sh down [--name NAME]
-#   tools/netns.sh throttle [--name NAME] --factor F
+#   tools/netns.sh throttle [--name NAME] --factor F [--period-us P]
 #   tools/netns.sh unthrottle [--name NAME]
 #
 # `up` creates namespaces NAME-dev (the device, 10.210.0.1) and NAME-edge (the edge
@@ -20,8 +20,12 @@
 # 66 KB steps take half the time the rate allows), a smaller one cannot reach the rate.
 #
 # `throttle` makes a CPU cgroup NAME-dev (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us)
-# whose processes together get 1/F of one CPU: a quota of 10/F ms in every 10 ms period
-# (F at most 10: the kernel's least quota is 1 ms). A device process joins it by writing
+# whose processes together get 1/F of one CPU: a quota of P/F in every period of P µs
+# (default 10000; the kernel's least quota is 1000 µs, so F ≤ P/1000). A shorter period
+# spreads the quota finer: with 10 ms a 1/4-CPU process runs 2.5 ms, then stalls 7.5 ms,
+# and a few-millisecond operation takes anywhere from its own time to four times it plus
+# a stall; with 4 ms (F = 4, P = 4000) it stalls at most 3 ms at a time, nearer a CPU
+# that is uniformly 4x slower. A device process joins it by writing
 # its pid to the cgroup's cgroup.procs (tools/edge_bench.sh does, with DEVICE_SLOW=F);
 # its threads and children stay in it. `unthrottle` removes it.
 #
@@ -40,9 +44,10 @@ down_rate=20mbit
 burst=
 latency=100ms
 factor=
+period=10000
 T=10 # seconds any one ip/tc command may take
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 [[ $# -ge 1 ]] || usage
 command=$1
@@ -55,6 +60,7 @@ while [[ $# -gt 0 ]]; do
         --burst) burst=$2; shift 2 ;;
         --latency) latency=$2; shift 2 ;;
         --factor) factor=$2; shift 2 ;;
+        --period-us) period=$2; shift 2 ;;
         -h|--help) usage ;;
         *) echo "netns.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -129,12 +135,20 @@ case $command in
             echo "netns.sh: --factor must be a number from 1 to 10, not '$factor'" >&2
             exit 2
         fi
-        quota=$(awk -v f="$factor" 'BEGIN { printf "%d", 10000 / f }')
+        if ! [[ $period =~ ^[0-9]{4,7}$ ]] || ((period > 1000000)); then
+            echo "netns.sh: --period-us must be 1000 to 1000000 microseconds, not '$period'" >&2
+            exit 2
+        fi
+        quota=$(awk -v f="$factor" -v p="$period" 'BEGIN { printf "%d", p / f }')
+        if ((quota < 1000)); then
+            echo "netns.sh: a quota of $quota us (period $period us / factor $factor) is below the kernel's least, 1000 us: use a longer --period-us" >&2
+            exit 2
+        fi
         cg=$(cgroup_dir "$dev")
         mkdir -p "$cg"
-        if [[ -e $cg/cpu.max ]]; then echo "$quota 10000" > "$cg/cpu.max"
-        else echo 10000 > "$cg/cpu.cfs_period_us"; echo "$quota" > "$cg/cpu.cfs_quota_us"; fi
-        echo "$cg: ${quota} us of CPU in every 10000 us (1/$factor of one CPU)"
+        if [[ -e $cg/cpu.max ]]; then echo "$quota $period" > "$cg/cpu.max"
+        else echo "$period" > "$cg/cpu.cfs_period_us"; echo "$quota" > "$cg/cpu.cfs_quota_us"; fi
+        echo "$cg: ${quota} us of CPU in every $period us (1/$factor of one CPU)"
         ;;
     unthrottle)
         cg=$(cgroup_dir "$dev")

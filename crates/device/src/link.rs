@@ -52,7 +52,17 @@ fn call<T>(
     what: &str,
     future: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
 ) -> Result<T> {
-    match runtime.block_on(async { tokio::time::timeout(timeout, future).await }) {
+    runtime.block_on(answered(address, timeout, what, future))
+}
+
+/// A call's answer, or why there is none (see [`call`]).
+async fn answered<T>(
+    address: &str,
+    timeout: Duration,
+    what: &str,
+    future: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, future).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
         Ok(Err(s)) => Err(classify(address, what, &s)),
         Err(_) => Err(lost(address, format!("{what}: no answer in {:.1} s", timeout.as_secs_f64()))),
@@ -158,6 +168,7 @@ impl EdgeSession {
             down,
             sends_dropout_seed: self.opened.needs_dropout_seed,
             edge_checkpoint_missed: false,
+            update: None,
             address: self.address.clone(),
             timeout: self.timeout,
         }
@@ -236,6 +247,8 @@ pub struct GrpcLink {
     sends_dropout_seed: bool,
     /// An update asked the edge for a checkpoint and it wrote none (it keeps none).
     edge_checkpoint_missed: bool,
+    /// The update call in flight, and whether it asked for a checkpoint.
+    update: Option<(tokio::task::JoinHandle<Result<pb::ApplyUpdateResponse>>, bool)>,
     address: String,
     timeout: Duration,
 }
@@ -278,18 +291,47 @@ impl Link for GrpcLink {
         }
     }
 
-    fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
-        self.timed_update(tag, lr, checkpoint).map(|(tag, _)| tag)
+    fn request_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<()> {
+        let mut client = self.client.clone();
+        // The edge holds it until the step's last micro-batch has run (it may well arrive
+        // first: it is small and the last activation is still going up).
+        let request =
+            pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint, after_last_micro_batch: true };
+        let (address, timeout) = (self.address.clone(), self.timeout);
+        let task = self
+            .runtime
+            .spawn(async move { answered(&address, timeout, "the update", client.apply_update(request)).await });
+        // A call left from a step that failed is abandoned (its answer is not wanted).
+        if let Some((old, _)) = self.update.replace((task, checkpoint)) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    fn update_answer(&mut self) -> Result<Tag> {
+        let (task, checkpoint) =
+            self.update.take().ok_or_else(|| DeviceError::Link("no update was requested".into()))?;
+        let answer = self
+            .runtime
+            .block_on(task)
+            .map_err(|e| DeviceError::Link(format!("the update call did not finish: {e}")))??;
+        self.answered_update(answer, checkpoint).map(|(tag, _)| tag)
     }
 }
 
 impl GrpcLink {
-    /// [`Link::apply_update`], with the seconds the edge says it computed the update for
-    /// (its answer's compute interval: no link, no queueing on either side).
+    /// Asks for an update after every micro-batch of its step has been answered and
+    /// waits for it → the edge's header and the seconds the edge says it computed the
+    /// update for (its answer's compute interval: no link, no queueing on either side).
     pub fn timed_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<(Tag, f64)> {
         let mut client = self.client.clone();
-        let request = pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint };
+        let request =
+            pb::ApplyUpdateRequest { header: Some(header_of(tag)), lr, checkpoint, after_last_micro_batch: false };
         let answer = call(&self.runtime, &self.address, self.timeout, "the update", client.apply_update(request))?;
+        self.answered_update(answer, checkpoint)
+    }
+
+    fn answered_update(&mut self, answer: pb::ApplyUpdateResponse, checkpoint: bool) -> Result<(Tag, f64)> {
         if checkpoint && !answer.checkpointed {
             self.edge_checkpoint_missed = true;
         }

@@ -40,6 +40,8 @@ pub struct LocalEdge {
     samples: usize,
     takes_dropout_seed: bool,
     replies: VecDeque<Download>,
+    /// The answer to the update requested last, until it is read.
+    update: Option<Result<Tag>>,
 }
 
 impl LocalEdge {
@@ -86,6 +88,7 @@ impl LocalEdge {
             samples: 0,
             takes_dropout_seed,
             replies: VecDeque::new(),
+            update: None,
         })
     }
 
@@ -161,7 +164,21 @@ impl Link for LocalEdge {
         self.replies.pop_front().ok_or_else(|| DeviceError::Config("no micro-batch is waiting for its reply".into()))
     }
 
-    fn apply_update(&mut self, tag: &Tag, lr: f64, _checkpoint: bool) -> Result<Tag> {
+    fn request_update(&mut self, tag: &Tag, lr: f64, _checkpoint: bool) -> Result<()> {
+        // Every micro-batch ran in `send`: the update can run now.
+        let answer = self.apply_update(tag, lr);
+        self.update = Some(answer);
+        Ok(())
+    }
+
+    fn update_answer(&mut self) -> Result<Tag> {
+        self.update.take().unwrap_or_else(|| Err(DeviceError::Config("no update was requested".into())))
+    }
+}
+
+impl LocalEdge {
+    /// Applies the summed gradients of the step `tag.step` → the tag of the next step.
+    fn apply_update(&mut self, tag: &Tag, lr: f64) -> Result<Tag> {
         let total = self.samples.max(1) as f64;
         let mut grads = Vec::with_capacity(self.sums.len());
         for s in &mut self.sums {

@@ -183,9 +183,13 @@ pub trait Link {
     /// Waits for the next reply.
     fn recv(&mut self) -> Result<Download>;
     /// Asks the edge to apply its accumulated gradients of step `tag.step` with learning
-    /// rate `lr` (and to checkpoint its side afterwards if `checkpoint`); returns the
-    /// header of the edge's answer, whose step must be `tag.step + 1`.
-    fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag>;
+    /// rate `lr` once the step's last micro-batch (already handed to [`Link::send`]) has
+    /// run, and to checkpoint its side afterwards if `checkpoint`; returns without
+    /// waiting for the answer.
+    fn request_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<()>;
+    /// Waits for the answer to the update requested last → the header of the edge's
+    /// answer, whose step must be `tag.step + 1`.
+    fn update_answer(&mut self) -> Result<Tag>;
 }
 
 /// The device's share of the model.
@@ -213,7 +217,8 @@ pub enum DeviceWork {
     Backward,
     /// The device's apply-update.
     Apply,
-    /// The edge's apply-update, as the device waited for it.
+    /// The edge's apply-update, as the device waited for its answer after its own
+    /// update (the part of it the device's last backward and update did not hide).
     EdgeApply,
 }
 
@@ -366,6 +371,14 @@ pub fn run_step<D: DeviceSide, L: Link>(
                 dropout_seed: mb.dropout_seed,
                 sent_us,
             })?;
+            if next + 1 == m {
+                // The edge applies its update right after the last micro-batch, while its
+                // gradient comes down and the device runs the last backwards: asked for
+                // now, not a round trip after them. The step counts as done only when
+                // both sides have answered, so a failure before that is a step not done
+                // (the trainer goes back to its last consistent copy of both sides).
+                link.request_update(&tag(0), settings.lr, settings.checkpoint)?;
+            }
             in_flight.push_back(InFlight {
                 tag: tag(next),
                 samples: mb.len(),
@@ -436,7 +449,7 @@ pub fn run_step<D: DeviceSide, L: Link>(
         });
     }
     let start_us = now_us();
-    let answer = link.apply_update(&tag(0), settings.lr, settings.checkpoint)?;
+    let answer = link.update_answer()?;
     times.device.push(DeviceSpan {
         work: DeviceWork::EdgeApply,
         step: settings.step,
@@ -623,6 +636,10 @@ mod tests {
         in_flight: usize,
         most_in_flight: usize,
         tamper: Option<fn(&mut Download)>,
+        /// Replies read so far.
+        replies: usize,
+        /// How many replies had been read when each update was requested.
+        update_requests: Vec<usize>,
     }
 
     impl Link for ToyLink {
@@ -634,13 +651,17 @@ mod tests {
         fn recv(&mut self) -> Result<Download> {
             let mut d = self.down.recv().map_err(|e| DeviceError::Link(e.to_string()))?;
             self.in_flight -= 1;
+            self.replies += 1;
             if let Some(t) = self.tamper {
                 t(&mut d);
             }
             Ok(d)
         }
-        fn apply_update(&mut self, tag: &Tag, lr: f64, _checkpoint: bool) -> Result<Tag> {
-            self.up.send(ToEdge::Apply(tag.clone(), lr)).map_err(|e| DeviceError::Link(e.to_string()))?;
+        fn request_update(&mut self, tag: &Tag, lr: f64, _checkpoint: bool) -> Result<()> {
+            self.update_requests.push(self.replies);
+            self.up.send(ToEdge::Apply(tag.clone(), lr)).map_err(|e| DeviceError::Link(e.to_string()))
+        }
+        fn update_answer(&mut self) -> Result<Tag> {
             let ack = self.down.recv().map_err(|e| DeviceError::Link(e.to_string()))?;
             Ok(ack.tag)
         }
@@ -683,13 +704,22 @@ mod tests {
         losses: Vec<f64>,
         most_in_flight: usize,
         reports: Vec<StepReport>,
+        update_requests: Vec<usize>,
     }
 
     fn train(n: usize, m: usize, steps: u64, lr: f64, mode: Mode, frozen: bool, hold: bool) -> Result<Run> {
         let (w1, w2) = initial();
         let (up, down, params) = spawn_edge(w2, frozen, hold);
         let mut device = ToyDevice { w1, grads: GradientSum::default(), backwards: Vec::new() };
-        let mut link = ToyLink { up, down, in_flight: 0, most_in_flight: 0, tamper: None };
+        let mut link = ToyLink {
+            up,
+            down,
+            in_flight: 0,
+            most_in_flight: 0,
+            tamper: None,
+            replies: 0,
+            update_requests: Vec::new(),
+        };
         let mut reports = Vec::new();
         let mut w2 = Array1::zeros(K);
         for step in 1..=steps {
@@ -708,7 +738,14 @@ mod tests {
             w2 = params.recv().unwrap();
         }
         let losses = reports.iter().map(|r| r.loss).collect();
-        Ok(Run { w1: device.w1, w2, losses, most_in_flight: link.most_in_flight, reports })
+        Ok(Run {
+            w1: device.w1,
+            w2,
+            losses,
+            most_in_flight: link.most_in_flight,
+            reports,
+            update_requests: link.update_requests,
+        })
     }
 
     fn close(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f64>) -> bool {
@@ -731,6 +768,14 @@ mod tests {
                     Mode::Pipelined { max_in_flight } => max_in_flight.min(m.min(n)),
                 };
                 assert_eq!(run.most_in_flight, bound, "n={n} m={m} {mode:?}");
+                // Each step's update is asked for before its last reply is read (so
+                // before the device's last backward), once per step.
+                let per_step = m.min(n);
+                assert_eq!(run.update_requests.len(), 3);
+                for (k, &replies) in run.update_requests.iter().enumerate() {
+                    assert!(replies < (k + 1) * per_step, "n={n} m={m} {mode:?}: step {k} at reply {replies}");
+                    assert!(replies >= k * per_step);
+                }
             }
         }
     }
@@ -764,7 +809,15 @@ mod tests {
         let (w1, w2) = initial();
         let (up, down, _params) = spawn_edge(w2, false, false);
         let mut device = ToyDevice { w1, grads: GradientSum::default(), backwards: Vec::new() };
-        let mut link = ToyLink { up, down, in_flight: 0, most_in_flight: 0, tamper: Some(t) };
+        let mut link = ToyLink {
+            up,
+            down,
+            in_flight: 0,
+            most_in_flight: 0,
+            tamper: Some(t),
+            replies: 0,
+            update_requests: Vec::new(),
+        };
         let (x, y) = data(8, 1);
         let settings = StepSettings {
             session: "s9".into(),

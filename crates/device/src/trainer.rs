@@ -229,10 +229,16 @@ impl Link for EpochLink {
             EpochLink::Local(l) => l.recv(),
         }
     }
-    fn apply_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<Tag> {
+    fn request_update(&mut self, tag: &Tag, lr: f64, checkpoint: bool) -> Result<()> {
         match self {
-            EpochLink::Remote(l) => l.apply_update(tag, lr, checkpoint),
-            EpochLink::Local(l) => l.apply_update(tag, lr, checkpoint),
+            EpochLink::Remote(l) => l.request_update(tag, lr, checkpoint),
+            EpochLink::Local(l) => l.request_update(tag, lr, checkpoint),
+        }
+    }
+    fn update_answer(&mut self) -> Result<Tag> {
+        match self {
+            EpochLink::Remote(l) => l.update_answer(),
+            EpochLink::Local(l) => l.update_answer(),
         }
     }
 }

@@ -38,13 +38,16 @@ use tonic::Status;
 pub(crate) enum Command {
     /// Run the edge step on one micro-batch; the result goes to the stream's channel.
     MicroBatch { up: Box<MicroBatchUp>, received: u64, stream: Arc<StreamState> },
-    /// Apply the step's summed gradients.
-    Apply { request: ApplyUpdateRequest, reply: oneshot::Sender<Result<ApplyUpdateResponse, Status>> },
+    /// Apply the step's summed gradients (now, or held until the step's last micro-batch).
+    Apply { request: ApplyUpdateRequest, reply: UpdateReply },
     /// Copy the state out.
     Fetch { header: Header, reply: oneshot::Sender<Result<EdgeState, Status>> },
     /// Replace the state.
     Put { request: PutStateRequest, reply: oneshot::Sender<Result<PutStateResponse, Status>> },
 }
+
+/// Where the answer to an update goes.
+pub(crate) type UpdateReply = oneshot::Sender<Result<ApplyUpdateResponse, Status>>;
 
 /// One training stream: where its results go, and whether it already failed (then the
 /// micro-batches queued behind the failing one are dropped, not run).
@@ -126,6 +129,9 @@ struct Worker {
     limits: Limits,
     store: Option<RunStore>,
     failed: Option<String>,
+    /// An update that came before its step's last micro-batch
+    /// (`after_last_micro_batch`), checked and waiting to be applied after it.
+    held: Option<(ApplyUpdateRequest, UpdateReply)>,
     shared: Arc<Shared>,
     log: Log,
 }
@@ -278,6 +284,7 @@ impl Worker {
             limits,
             store,
             failed: None,
+            held: None,
             shared,
             log,
         };
@@ -297,6 +304,7 @@ impl Worker {
                         continue;
                     }
                     let result = self.micro_batch(&up, received);
+                    let failed = result.as_ref().err().map(|status| status.message().to_string());
                     if let Err(status) = &result {
                         stream.failed.store(true, Ordering::Release);
                         self.reject("micro-batch", up.header.as_ref(), status);
@@ -304,15 +312,34 @@ impl Worker {
                     // A closed stream means the device went away; its session stays until
                     // it resumes or the idle timeout frees it.
                     let _ = stream.out.blocking_send(result);
+                    // The reply is on its way before a held update runs: its download and
+                    // the device's backward overlap the update.
+                    match failed {
+                        Some(why) => self.drop_held(&format!("a micro-batch of its step failed: {why}")),
+                        None if self.next_micro_batch == self.info.micro_batches => {
+                            if let Some((request, reply)) = self.held.take() {
+                                self.answer_update(&request, reply);
+                            }
+                        }
+                        None => {}
+                    }
                 }
                 Command::Apply { request, reply } => {
-                    let result = self.apply(&request);
-                    if let Err(status) = &result {
-                        self.reject("apply update", request.header.as_ref(), status);
+                    self.drop_held("another update request came before the step's last micro-batch");
+                    if request.after_last_micro_batch && self.next_micro_batch < self.info.micro_batches {
+                        match self.check_update(&request) {
+                            Ok(()) => self.held = Some((request, reply)),
+                            Err(status) => {
+                                self.reject("apply update", request.header.as_ref(), &status);
+                                let _ = reply.send(Err(status));
+                            }
+                        }
+                    } else {
+                        self.answer_update(&request, reply);
                     }
-                    let _ = reply.send(result);
                 }
                 Command::Fetch { header, reply } => {
+                    self.drop_held("a state fetch came before the step's last micro-batch");
                     let result = self.fetch(&header);
                     if let Err(status) = &result {
                         self.reject("fetch state", Some(&header), status);
@@ -320,6 +347,7 @@ impl Worker {
                     let _ = reply.send(result);
                 }
                 Command::Put { request, reply } => {
+                    self.drop_held("a state put came before the step's last micro-batch");
                     let result = self.put(&request);
                     if let Err(status) = &result {
                         self.reject("put state", request.header.as_ref(), status);
@@ -331,6 +359,29 @@ impl Worker {
         }
         self.log
             .line(format!("session {} of device {}: freed at step {}", self.info.id, self.info.device_id, self.step));
+    }
+
+    /// Applies an update and answers it.
+    fn answer_update(&mut self, request: &ApplyUpdateRequest, reply: UpdateReply) {
+        let result = self.apply(request);
+        if let Err(status) = &result {
+            self.reject("apply update", request.header.as_ref(), status);
+        }
+        let _ = reply.send(result);
+    }
+
+    /// Answers a held update with an error, unapplied (the session stays where it is).
+    fn drop_held(&mut self, why: &str) {
+        if let Some((request, reply)) = self.held.take() {
+            let status = Status::failed_precondition(format!(
+                "update of step {} not applied: {why} (session {} is at step {})",
+                request.header.as_ref().map_or(self.step, |h| h.step),
+                self.info.id,
+                self.step
+            ));
+            self.reject("apply update", request.header.as_ref(), &status);
+            let _ = reply.send(Err(status));
+        }
     }
 
     fn reject(&self, what: &str, h: Option<&Header>, status: &Status) {
@@ -489,18 +540,25 @@ impl Worker {
         })
     }
 
-    fn apply(&mut self, request: &ApplyUpdateRequest) -> Result<ApplyUpdateResponse, Status> {
+    /// What an update request must pass whenever it comes: its header, session, step and
+    /// learning rate.
+    fn check_update(&self, request: &ApplyUpdateRequest) -> Result<(), Status> {
         let h = header::required(request.header.as_ref(), "ApplyUpdateRequest")?;
         self.check_usable(h)?;
         self.check_step("apply update", h)?;
+        if !request.lr.is_finite() || request.lr < 0.0 {
+            return Err(Status::invalid_argument(format!("learning rate {} is not a finite number ≥ 0", request.lr)));
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, request: &ApplyUpdateRequest) -> Result<ApplyUpdateResponse, Status> {
+        self.check_update(request)?;
         if self.next_micro_batch != self.info.micro_batches {
             return Err(Status::failed_precondition(format!(
                 "apply update of step {}: {} of {} micro-batches received",
                 self.step, self.next_micro_batch, self.info.micro_batches
             )));
-        }
-        if !request.lr.is_finite() || request.lr < 0.0 {
-            return Err(Status::invalid_argument(format!("learning rate {} is not a finite number ≥ 0", request.lr)));
         }
         // The batch's mean gradient: Σ n_i g_i / Σ n_i, which is the full batch's gradient
         // when nothing in the edge side couples samples (BatchNorm does, per micro-batch).

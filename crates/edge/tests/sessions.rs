@@ -14,7 +14,7 @@ const N: usize = 4 * 784;
 const LR: f64 = 0.5;
 
 fn apply(open: &pb::OpenSessionResponse, step: u64, checkpoint: bool) -> ApplyUpdateRequest {
-    ApplyUpdateRequest { header: Some(header_of(open, step)), lr: LR, checkpoint }
+    ApplyUpdateRequest { header: Some(header_of(open, step)), lr: LR, checkpoint, after_last_micro_batch: false }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,6 +160,81 @@ async fn bad_messages_are_refused_and_change_nothing() {
     let (downs, status) = stream(&mut c, vec![up(&open, 0, 1, &x, &SHAPE, &y)]).await;
     assert!(status.is_none() && downs.len() == 1, "{status:?}");
     c.apply_update(apply(&open, 0, false)).await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+/// An update asked for before its step's micro-batches (`after_last_micro_batch`, as the
+/// device sends it with its last activation) is held, applied right after the last
+/// micro-batch's reply has left, and gives the same parameters bit for bit as one asked
+/// for afterwards. A held update is answered unapplied when a micro-batch of its step
+/// fails or another call comes first, and the session stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_asked_for_early_is_applied_after_the_last_micro_batch() {
+    let lines = Lines::default();
+    let server = start(config(whole_model_builder(), &lines)).await;
+    let mut c = client(&server, 0).await;
+    let x = noise(3, 2 * N);
+    let y = labels(3, 8, 10);
+    let ups = |open: &pb::OpenSessionResponse, step: u64| {
+        vec![up(open, step, 0, &x[..N], &SHAPE, &y[..4]), up(open, step, 1, &x[N..], &SHAPE, &y[4..])]
+    };
+    let spare = c.clone();
+    let early = |open: &pb::OpenSessionResponse, step: u64, lr: f64| {
+        let mut c = spare.clone();
+        let request = ApplyUpdateRequest { lr, after_last_micro_batch: true, ..apply(open, step, false) };
+        tokio::spawn(async move { c.apply_update(request).await })
+    };
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(200));
+
+    // The reference: the update asked for after both replies.
+    let late = c.open_session(open_request("late", split_request("mlp", 0, 2, true), None)).await.unwrap().into_inner();
+    let (_, status) = stream(&mut c, ups(&late, 0)).await;
+    assert!(status.is_none(), "{status:?}");
+    c.apply_update(apply(&late, 0, false)).await.unwrap();
+    let reference = fetch(&mut c, &late, 1).await;
+
+    let open =
+        c.open_session(open_request("early", split_request("mlp", 0, 2, true), None)).await.unwrap().into_inner();
+    let held = early(&open, 0, LR);
+    settle().await;
+    assert!(!held.is_finished(), "an update asked for before any micro-batch must wait for them");
+    let (downs, status) = stream(&mut c, ups(&open, 0)).await;
+    assert!(status.is_none() && downs.len() == 2, "{status:?}\n{}", lines.dump());
+    let applied = held.await.unwrap().unwrap().into_inner();
+    assert_eq!(applied.header.as_ref().unwrap().step, 1);
+    assert!(applied.compute_start_unix_nanos >= downs[1].times.unwrap().sent_unix_nanos);
+    let after = fetch(&mut c, &open, 1).await;
+    for ((name, a), (_, b)) in after.iter().zip(&reference) {
+        assert_eq!(f32s(a), f32s(b), "{name}");
+    }
+
+    // A bad learning rate is refused at once, not held.
+    let status = early(&open, 1, f64::NAN).await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // A micro-batch of the step fails: the held update is answered unapplied.
+    let held = early(&open, 1, LR);
+    settle().await;
+    let mut bad = ups(&open, 1);
+    bad[1].activation.as_mut().unwrap().shape = vec![4, 1, 28];
+    let (downs, status) = stream(&mut c, bad).await;
+    assert_eq!((downs.len(), status.unwrap().code()), (1, Code::InvalidArgument));
+    let status = held.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("not applied: a micro-batch of its step failed"), "{status:?}");
+    assert_eq!(server.sessions().iter().find(|s| s.id == open.header.as_ref().unwrap().session_id).unwrap().step, 1);
+    // The step goes on from its one good micro-batch; the update asked for late.
+    let (_, status) = stream(&mut c, vec![ups(&open, 1).remove(1)]).await;
+    assert!(status.is_none(), "{status:?}");
+    c.apply_update(apply(&open, 1, false)).await.unwrap();
+
+    // Another call before the step's micro-batches: the held update is answered unapplied.
+    let held = early(&open, 2, LR);
+    settle().await;
+    fetch(&mut c, &open, 2).await;
+    let status = held.await.unwrap().unwrap_err();
+    assert!(status.message().contains("a state fetch came before the step's last micro-batch"), "{status:?}");
+    assert!(lines.contains("update of step 2 not applied"), "{}", lines.dump());
     server.shutdown().await.unwrap();
 }
 

@@ -69,7 +69,14 @@ async fn a_split_session_updates_like_the_unsplit_step() {
         let g = d.activation_grad.as_ref().unwrap();
         assert_eq!(g.shape, vec![4, 256]);
     }
-    c.apply_update(ApplyUpdateRequest { header: Some(header_of(&open, 0)), lr: LR, checkpoint: false }).await.unwrap();
+    c.apply_update(ApplyUpdateRequest {
+        header: Some(header_of(&open, 0)),
+        lr: LR,
+        checkpoint: false,
+        after_last_micro_batch: false,
+    })
+    .await
+    .unwrap();
     let after = fetch(&mut c, &open, 1).await;
 
     // The unsplit step on the whole batch.

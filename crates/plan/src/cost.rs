@@ -20,10 +20,14 @@
 //! runs a forward whenever fewer than W micro-batches are in flight (W = M unless
 //! limited), and otherwise waits for the oldest reply and runs its backward; the links
 //! and the edge serve micro-batches one at a time, in order. That gives the time D until
-//! the device's last backward; the step ends with the device's update and the edge's,
-//! which the device asks for with one more round trip:
+//! the device's last backward. The device asks for the edge's update together with its
+//! last activation, and the edge applies it as soon as it has stepped the last
+//! micro-batch (at E_last, once the request has crossed: it was sent when the last
+//! forward ended, at F_last), so the update runs while the last gradient comes down and
+//! the device runs its last backwards; the step ends when the device has done its own
+//! update and has the edge's answer, one crossing later:
 //!
-//! T = D + A_dev + RTT + A_edge.
+//! T = max(D + A_dev, max(E_last, F_last + share·RTT) + A_edge + share·RTT).
 //!
 //! When the edge or a link is the bottleneck, D = C + (M − 1)·P (PAPERS.md's "their sum
 //! plus (M−1) periods"); when the device is, its forwards go first and D is nearer
@@ -199,7 +203,8 @@ pub struct Prediction {
     pub bottleneck: Resource,
     /// The device's update.
     pub device_apply_s: f64,
-    /// The edge's update, with the round trip that asks for it.
+    /// What of the edge's update (its compute and its answer's crossing) the device waits
+    /// for after its own update: the rest runs under the last download and backwards.
     pub edge_apply_s: f64,
     /// The step.
     pub step_s: f64,
@@ -271,8 +276,12 @@ impl CostModel {
             bottleneck = Resource::Window;
         }
         let device_apply_s = if frozen_device { 0.0 } else { m.device.apply_call_s + apply };
-        let edge_apply_s = s.link.rtt_s + edge.apply_s;
-        let step_s = micro_s + device_apply_s + edge_apply_s;
+        let device_done_s = micro_s + device_apply_s;
+        let edge_answer_s = timeline.last_edge_end_s.max(timeline.last_forward_end_s + apart.latency_s)
+            + edge.apply_s
+            + apart.latency_s;
+        let edge_apply_s = (edge_answer_s - device_done_s).max(0.0);
+        let step_s = device_done_s + edge_apply_s;
         Ok(Prediction {
             candidate: *candidate,
             server: s.name.clone(),
@@ -297,6 +306,10 @@ impl CostModel {
 struct Timeline {
     /// When the device is done with the last micro-batch.
     device_end_s: f64,
+    /// When the device's last forward ends (it sends the update request then).
+    last_forward_end_s: f64,
+    /// When the edge's last micro-batch step ends.
+    last_edge_end_s: f64,
     /// Each micro-batch's device forward, edge step and device backward, in seconds,
     /// stretched where the other side computed at the same time.
     forward_s: Vec<f64>,
@@ -338,7 +351,7 @@ fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Time
     for _ in 0..OVERLAP_ITERATIONS {
         let run = run_schedule(apart, w, &forward, &edge, &backward);
         if overlap.device <= 1.0 && overlap.edge <= 1.0 {
-            return Timeline { device_end_s: run.device_end_s, forward_s: forward, edge_s: edge, backward_s: backward };
+            return run.timeline(forward, edge, backward);
         }
         let device_busy: Vec<(f64, f64)> = run.forward.iter().chain(&run.backward).copied().collect();
         let mut change = 0.0f64;
@@ -357,8 +370,7 @@ fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Time
             break;
         }
     }
-    let device_end_s = run_schedule(apart, w, &forward, &edge, &backward).device_end_s;
-    Timeline { device_end_s, forward_s: forward, edge_s: edge, backward_s: backward }
+    run_schedule(apart, w, &forward, &edge, &backward).timeline(forward, edge, backward)
 }
 
 /// When each operation of one run of the schedule ran.
@@ -368,6 +380,21 @@ struct Run {
     forward: Vec<(f64, f64)>,
     edge: Vec<(f64, f64)>,
     backward: Vec<(f64, f64)>,
+}
+
+impl Run {
+    /// The timeline of this run, with the compute times it ran.
+    fn timeline(&self, forward_s: Vec<f64>, edge_s: Vec<f64>, backward_s: Vec<f64>) -> Timeline {
+        let end = |spans: &[(f64, f64)]| spans.last().map_or(0.0, |&(_, end)| end);
+        Timeline {
+            device_end_s: self.device_end_s,
+            last_forward_end_s: end(&self.forward),
+            last_edge_end_s: end(&self.edge),
+            forward_s,
+            edge_s,
+            backward_s,
+        }
+    }
 }
 
 /// The pipeline's schedule with these per-micro-batch compute times: the device runs a

@@ -179,25 +179,27 @@ fn sequential_split_learning_is_the_sum_of_the_stages() {
     let at = |micro_batches, mode| {
         model.predict(&m, &workload, &Candidate { server: 0, cut: 1, micro_batches, mode }).unwrap()
     };
-    // M = 1, n = 64: f = 33, u = 65, e = 66, d = 65, b = 33, two crossings of 2 ms, the
-    // device update 1 ms, then a round trip (4) and the edge update (3).
-    let sum = 33.0 + 65.0 + 66.0 + 65.0 + 33.0 + 2.0 * 2.0 + 1.0 + 4.0 + 3.0;
+    // M = 1, n = 64: f = 33, u = 65, e = 66, d = 65, b = 33, two crossings of 2 ms and
+    // the device update 1 ms. The edge's update was asked for with the activation: it
+    // runs 166–169 and its answer is back at 171, long before the device is done (267).
+    let sum = 33.0 + 65.0 + 66.0 + 65.0 + 33.0 + 2.0 * 2.0 + 1.0;
     assert_ms(at(1, Mode::Sequential).step_s, sum, "sequential M = 1");
     assert_ms(at(1, Mode::Pipelined(None)).step_s, sum, "pipelined M = 1");
     // Sequential with M = 4 (n = 16): four cycles of 9 + 17 + 18 + 17 + 9 + 4 = 74.
     let sequential = at(4, Mode::Sequential);
-    assert_ms(sequential.step_s, 4.0 * 74.0 + 8.0, "sequential M = 4");
+    assert_ms(sequential.step_s, 4.0 * 74.0 + 1.0, "sequential M = 4");
     assert_eq!(sequential.bottleneck, Resource::Window);
     // Pipelined: 74 + 3 periods of 18 (the edge, and the device's 9 + 9).
     let pipelined = at(4, Mode::Pipelined(None));
-    assert_ms(pipelined.step_s, 74.0 + 3.0 * 18.0 + 8.0, "pipelined M = 4");
+    assert_ms(pipelined.step_s, 74.0 + 3.0 * 18.0 + 1.0, "pipelined M = 4");
+    assert_ms(pipelined.edge_apply_s, 0.0, "the edge update's wait, pipelined M = 4");
     // Two in flight: forwards 0 and 1 (0–9, 9–18); micro-batch 0's reply at 65, its
     // backward 65–74, forward 2 74–83; reply 1 at 83, backward 83–92, forward 3 92–101;
     // micro-batch 2 crosses at 100 + 2, is computed 102–120, comes down at 137 + 2,
     // backward 139–148; micro-batch 3: uplink 101–118, edge 120–138, down 155 + 2,
-    // backward 157–166. Then the updates (8).
+    // backward 157–166. Then the device's update (1); the edge's ran 138–141.
     let windowed = at(4, Mode::Pipelined(Some(2)));
-    assert_ms(windowed.step_s, 166.0 + 8.0, "pipelined M = 4, two in flight");
+    assert_ms(windowed.step_s, 166.0 + 1.0, "pipelined M = 4, two in flight");
     assert_eq!(windowed.bottleneck, Resource::Window);
 }
 
@@ -226,15 +228,27 @@ fn a_busy_device_runs_its_forwards_first_and_hides_the_round_trips() {
         }],
     };
     let workload = Workload { batch: 4, frozen_layers: 0 };
-    let at = |mode| bare().predict(&m, &workload, &Candidate { server: 0, cut: 0, micro_batches: 4, mode }).unwrap();
+    let at = |m: &Measurements, mode| {
+        bare().predict(m, &workload, &Candidate { server: 0, cut: 0, micro_batches: 4, mode }).unwrap()
+    };
     // Forwards end at 10, 20, 30, 40; replies come at 10i + 10 + 1 + 50 + 1 + 1 + 50 = 113,
-    // 123, 133, 143; the backwards run 113–153. Then a round trip asks for the edge's
-    // update (100). The closed form C + 3·P = 123 + 3·20 would say 183.
-    let pipelined = at(Mode::Pipelined(None));
-    assert_ms(pipelined.step_s, 153.0 + 100.0, "pipelined");
+    // 123, 133, 143; the backwards run 113–153. The closed form C + 3·P = 123 + 3·20
+    // would say 183. The edge's update (0 ms), asked for with the last activation, runs
+    // after its last step (ends at 40 + 1 + 50 + 1 = 92) and its answer is back at 142.
+    let pipelined = at(&m, Mode::Pipelined(None));
+    assert_ms(pipelined.step_s, 153.0, "pipelined");
     assert_eq!(pipelined.bottleneck, Resource::Device);
-    // Sequential: four cycles of 10 + 1 + 50 + 1 + 1 + 50 + 10 = 123.
-    assert_ms(at(Mode::Sequential).step_s, 4.0 * 123.0 + 100.0, "sequential");
+    // Sequential: four cycles of 10 + 1 + 50 + 1 + 1 + 50 + 10 = 123; the last edge step
+    // ends at 369 + 62 = 431, the update's answer is back at 481.
+    assert_ms(at(&m, Mode::Sequential).step_s, 4.0 * 123.0, "sequential");
+    // An edge update of 30 ms is no longer hidden: its answer comes at 92 + 30 + 50 = 172
+    // (pipelined) and 431 + 30 + 50 = 511 (sequential), and the device waits for it.
+    let mut slow_update = m.clone();
+    slow_update.servers[0].cuts[0].apply_s = 30.0 * MS;
+    let pipelined = at(&slow_update, Mode::Pipelined(None));
+    assert_ms(pipelined.step_s, 172.0, "pipelined, 30 ms edge update");
+    assert_ms(pipelined.edge_apply_s, 19.0, "the edge update's wait, pipelined");
+    assert_ms(at(&slow_update, Mode::Sequential).step_s, 511.0, "sequential, 30 ms edge update");
 }
 
 #[test]
