@@ -119,14 +119,16 @@ on_dev $B device train --edge $ADDR --device-id phone-1 --token $T --model $mode
 row "pipelined, device frozen" frozen $fcut $fm "$l"
 echo
 cat stages.md
-# The concurrent probe's overlap factors (device / edge) at each cut, for both plans.
+# The concurrent probe's overlap factors at each cut, for both plans: the device's beside
+# the edge's compute and beside its own link's transfers, and the edge's.
 for f in plan.json frozen.json; do
   python3 - "$f" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-k = lambda x: "n/a" if x["factor"] is None else f"{x['factor']:.2f}"
-print(f"{sys.argv[1]}: overlap factors device/edge " + ", ".join(
-    f"cut {c['cut']} {k(c['found']['device'])}/{k(c['found']['edge'])}" for c in d["probe"]["concurrent"]))
+k = lambda x: "n/a" if x is None or x["factor"] is None else f"{x['factor']:.2f}"
+print(f"{sys.argv[1]}: overlap factors device/device-link/edge " + ", ".join(
+    f"cut {c['cut']} {k(c['found']['device'])}/{k(c['found'].get('device_link'))}/{k(c['found']['edge'])}"
+    for c in d["probe"]["concurrent"]))
 PY
 done
 [[ -z $CG ]] || "$NETNS" unthrottle >&2

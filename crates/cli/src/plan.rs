@@ -77,8 +77,14 @@ pub struct PlanArgs {
     /// Cost model: the edge's overlap factor where the concurrent probe did not measure it.
     #[arg(long, default_value_t = CostModel::default().overlap.edge)]
     pub overlap_edge: f64,
+    /// Cost model: the device's overlap factor with its own link where the concurrent
+    /// probe did not measure it (its compute time while an activation goes up or a
+    /// gradient comes down, over its time alone).
+    #[arg(long, default_value_t = CostModel::default().overlap.device_link)]
+    pub overlap_device_link: f64,
     /// Skip the concurrent probe (the device computing while the edge steps): the
-    /// overlap factors are then --overlap-device and --overlap-edge.
+    /// overlap factors are then --overlap-device, --overlap-edge and
+    /// --overlap-device-link.
     #[arg(long)]
     pub no_concurrent_probe: bool,
     /// The edge's update speed in bytes of state per second (default: one update timed on
@@ -144,7 +150,11 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     let model = CostModel {
         latency_share: args.latency_share,
         message_bytes: args.message_bytes,
-        overlap: OverlapFactors { device: args.overlap_device, edge: args.overlap_edge },
+        overlap: OverlapFactors {
+            device: args.overlap_device,
+            edge: args.overlap_edge,
+            device_link: args.overlap_device_link,
+        },
     };
     let workload = Workload { batch: args.batch, frozen_layers: args.frozen_layers };
     let space = Space { micro_batches: args.micro_batches.clone(), max_in_flight: args.max_in_flight };
@@ -193,17 +203,24 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     }
     let factor = |f: &edgefreeze_plan::OverlapFit| {
         f.factor.map_or("not measured".to_string(), |k| format!("{k:.2}x"))
-            + &format!(" ({} ops, {:.0}% overlapped)", f.ops, f.mean_fraction * 100.0)
+            + &format!(
+                " ({} ops, {:.0}% overlapped, {:.2}x their time alone)",
+                f.ops,
+                f.mean_fraction * 100.0,
+                f.mean_stretch
+            )
     };
     for c in &report.concurrent {
         let _ = writeln!(
             out,
-            "concurrent probe, {} at cut {} ({} samples, {:.1} s): device {}, edge {}",
+            "concurrent probe, {} at cut {} ({} samples, {:.1} s): device {} (beside the edge), {} (beside its \
+             link), edge {}",
             c.server,
             c.cut,
             c.found.samples,
             c.found.seconds,
             factor(&c.found.device),
+            factor(&c.found.device_link),
             factor(&c.found.edge)
         );
     }
@@ -213,12 +230,13 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "stage times are per micro-batch, as the step runs them (compute stretched by the overlap factors \
-         where device and edge compute at once); step times per step of the whole batch"
+         where device and edge compute at once, and the device's where its link carries a micro-batch; \
+         overlap: device beside the edge / device beside its link / edge); step times per step of the whole batch"
     );
     let width = plan.candidates.iter().map(|p| p.server.len()).max().unwrap_or(6).max(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>9}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
+        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>14}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
         "server",
         "cut",
         "M",
@@ -237,12 +255,12 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
         let s = &p.stages;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>9}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
+            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>14}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
             p.server,
             p.candidate.cut,
             p.candidate.micro_batches,
             if p.frozen_device { "yes" } else { "no" },
-            format!("{:.2}/{:.2}", p.overlap.device, p.overlap.edge),
+            format!("{:.2}/{:.2}/{:.2}", p.overlap.device, p.overlap.device_link, p.overlap.edge),
             s.device_forward_s * 1e3,
             s.up_s * 1e3,
             s.edge_s * 1e3,

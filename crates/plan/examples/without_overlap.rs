@@ -21,16 +21,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let with = model.predict(&measured, &workload, &candidate)?;
     let without = model.predict(&apart, &workload, &candidate)?;
+    let factors = |o: &edgefreeze_plan::OverlapFactors| format!("{:.2}/{:.2}/{:.2}", o.device, o.edge, o.device_link);
     println!(
-        "cut {}, M = {}: {:.0} ms with the measured overlap factors {:.2}/{:.2}, {:.0} ms with factors {:.2}/{:.2}",
+        "cut {}, M = {}: {:.0} ms with the measured overlap factors (device/edge/device link) {}, {:.0} ms with {}",
         candidate.cut,
         candidate.micro_batches,
         with.step_s * 1e3,
-        with.overlap.device,
-        with.overlap.edge,
+        factors(&with.overlap),
         without.step_s * 1e3,
-        without.overlap.device,
-        without.overlap.edge
+        factors(&without.overlap)
     );
     Ok(())
 }

@@ -62,6 +62,8 @@ impl Calibration {
             l.forward_s *= self.device;
             l.backward_s *= self.device;
             l.apply_s *= self.device;
+            l.forward_call_s *= self.device;
+            l.backward_call_s *= self.device;
         }
         let s = out.servers.get_mut(server).ok_or_else(|| PlanError::Unmeasured(format!("server {server}")))?;
         for c in &mut s.cuts {

@@ -6,11 +6,11 @@
 //!
 //! | stage | time | resource it occupies |
 //! |---|---|---|
-//! | device forward | f = c_f + n·Σ_{i≤k} F_i | the device |
+//! | device forward | f = c_f + Σ_{i≤k} c_{f,i} + n·Σ_{i≤k} F_i | the device |
 //! | uplink | u = (n·(act_k + label) + h)/BW_up | the uplink |
 //! | edge step | e = E_{s,k}(n) | the edge |
 //! | downlink | d = (n·act_k + h)/BW_down (h alone when the device is frozen) | the downlink |
-//! | device backward | b = c_b + n·Σ_{i≤k} B_i (0 when the device is frozen) | the device |
+//! | device backward | b = c_b + Σ_{i≤k} c_{b,i} + n·Σ_{i≤k} B_i (0 when the device is frozen) | the device |
 //!
 //! plus a latency of `latency_share`·RTT on each of the two crossings, which delays a
 //! micro-batch but occupies nothing (the link carries several messages at once).
@@ -42,7 +42,10 @@
 //! slower by its overlap factor ([`crate::overlap`]; measured by the concurrent probe,
 //! 1 on separate hardware): the schedule stretches each operation by the share of it
 //! the other side overlaps, so sequential split learning, M = 1 and the pipeline's fill
-//! and drain keep the apart times and the steady state gets the overlapped ones.
+//! and drain keep the apart times and the steady state gets the overlapped ones. The
+//! device's compute is slowed the same way, by its own factor, where its link carries a
+//! micro-batch: an activation being sent up, or a gradient arriving (its network stack
+//! runs on the device's cores; on a quarter of a core that made the forward 1.5x longer).
 //!
 //! This refines PAPERS.md's model: the round-trip time is latency, counted per crossing
 //! and not in every period; the device's forward and backward share one resource; and
@@ -51,7 +54,7 @@
 
 use crate::error::{PlanError, Result, at_least_one, non_negative};
 use crate::measure::{Measurements, ServerTimes};
-use crate::overlap::{OverlapFactors, covered_fraction, stretched};
+use crate::overlap::{OverlapFactors, covered_fraction, stretched_by, union};
 use serde::{Deserialize, Serialize};
 
 /// The constants of the cost model; every one a default the user may change.
@@ -216,6 +219,7 @@ impl CostModel {
         non_negative(|| "the latency share of a crossing".into(), self.latency_share)?;
         at_least_one(|| "the default device overlap factor".into(), self.overlap.device)?;
         at_least_one(|| "the default edge overlap factor".into(), self.overlap.edge)?;
+        at_least_one(|| "the default device link overlap factor".into(), self.overlap.device_link)?;
         Ok(())
     }
 
@@ -244,13 +248,15 @@ impl CostModel {
         let down_bytes = if frozen_device { h } else { n * bytes.activation as f64 + h };
         let forward: f64 = layers.iter().map(|l| l.forward_s).sum();
         let backward: f64 = layers.iter().map(|l| l.backward_s).sum();
+        let forward_call: f64 = m.device.forward_call_s + layers.iter().map(|l| l.forward_call_s).sum::<f64>();
+        let backward_call: f64 = m.device.backward_call_s + layers.iter().map(|l| l.backward_call_s).sum::<f64>();
         let apply: f64 = layers.iter().map(|l| l.apply_s).sum();
         let apart = Stages {
-            device_forward_s: m.device.forward_call_s + n * forward,
+            device_forward_s: forward_call + n * forward,
             up_s: up_bytes / s.link.up_bytes_per_s,
             edge_s: edge.step.at(n),
             down_s: down_bytes / s.link.down_bytes_per_s,
-            device_backward_s: if frozen_device { 0.0 } else { m.device.backward_call_s + n * backward },
+            device_backward_s: if frozen_device { 0.0 } else { backward_call + n * backward },
             latency_s: self.latency_share * s.link.rtt_s,
         };
         let overlap = self.overlap.or_measured(&edge.overlap);
@@ -340,7 +346,7 @@ const OVERLAP_ITERATIONS: usize = 60;
 /// it computes too. The share of each operation the other side overlaps depends on the
 /// stretched times, so the schedule is a fixed point: start from the apart times, run the
 /// schedule, stretch each operation by the share of it the other side's operations
-/// covered, and repeat (moving half-way each time: a full step can jump between two
+/// covered (and, for the device's, the share its link's transfers covered), and repeat (moving half-way each time: a full step can jump between two
 /// schedules) until nothing changes. With factors of 1, or one micro-batch in flight
 /// (the device waits for each reply, the edge for each activation), it is the apart
 /// schedule.
@@ -350,22 +356,26 @@ fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Time
     let mut backward = vec![apart.device_backward_s; m];
     for _ in 0..OVERLAP_ITERATIONS {
         let run = run_schedule(apart, w, &forward, &edge, &backward);
-        if overlap.device <= 1.0 && overlap.edge <= 1.0 {
+        if overlap.is_none() {
             return run.timeline(forward, edge, backward);
         }
         let device_busy: Vec<(f64, f64)> = run.forward.iter().chain(&run.backward).copied().collect();
+        let link_busy = union(run.uplink.iter().chain(&run.downlink).copied().collect());
         let mut change = 0.0f64;
-        let mut settle = |current: &mut [f64], alone: f64, spans: &[(f64, f64)], busy: &[(f64, f64)], k: f64| {
+        let mut settle = |current: &mut [f64], alone: f64, spans: &[(f64, f64)], sources: &[(&[(f64, f64)], f64)]| {
             for (t, &(start, end)) in current.iter_mut().zip(spans) {
-                let target = stretched(alone, covered_fraction(start, end, busy), k);
+                let shares: Vec<(f64, f64)> =
+                    sources.iter().map(|&(busy, k)| (covered_fraction(start, end, busy), k)).collect();
+                let target = stretched_by(alone, &shares);
                 let next = 0.5 * (*t + target);
                 change = change.max((next - *t).abs());
                 *t = next;
             }
         };
-        settle(&mut forward, apart.device_forward_s, &run.forward, &run.edge, overlap.device);
-        settle(&mut backward, apart.device_backward_s, &run.backward, &run.edge, overlap.device);
-        settle(&mut edge, apart.edge_s, &run.edge, &device_busy, overlap.edge);
+        let device_sources = [(run.edge.as_slice(), overlap.device), (link_busy.as_slice(), overlap.device_link)];
+        settle(&mut forward, apart.device_forward_s, &run.forward, &device_sources);
+        settle(&mut backward, apart.device_backward_s, &run.backward, &device_sources);
+        settle(&mut edge, apart.edge_s, &run.edge, &[(device_busy.as_slice(), overlap.edge)]);
         if change <= 1e-15 * run.device_end_s.max(1e-9) {
             break;
         }
@@ -380,6 +390,11 @@ struct Run {
     forward: Vec<(f64, f64)>,
     edge: Vec<(f64, f64)>,
     backward: Vec<(f64, f64)>,
+    /// When the device's link carried each micro-batch, on the device's side: its
+    /// activation leaving, its gradient arriving (a crossing's latency later than the
+    /// edge sent it).
+    uplink: Vec<(f64, f64)>,
+    downlink: Vec<(f64, f64)>,
 }
 
 impl Run {
@@ -412,6 +427,8 @@ fn run_schedule(st: &Stages, w: usize, forward_s: &[f64], edge_s: &[f64], backwa
         forward: Vec::with_capacity(m),
         edge: Vec::with_capacity(m),
         backward: Vec::with_capacity(m),
+        uplink: Vec::with_capacity(m),
+        downlink: Vec::with_capacity(m),
     };
     let (mut sent, mut done) = (0, 0);
     while done < m {
@@ -419,10 +436,12 @@ fn run_schedule(st: &Stages, w: usize, forward_s: &[f64], edge_s: &[f64], backwa
             run.forward.push((device, device + forward_s[sent]));
             device += forward_s[sent];
             up = up.max(device) + st.up_s;
+            run.uplink.push((up - st.up_s, up));
             let start = edge.max(up + st.latency_s);
             edge = start + edge_s[sent];
             run.edge.push((start, edge));
             down = down.max(edge) + st.down_s;
+            run.downlink.push((down - st.down_s + st.latency_s, down + st.latency_s));
             replies.push_back(down + st.latency_s);
             sent += 1;
         } else if let Some(reply) = replies.pop_front() {

@@ -30,6 +30,6 @@ pub use error::{PlanError, Result};
 pub use measure::{
     Affine, CutBytes, DeviceTimes, EdgeCutTimes, LayerTimes, LinkTimes, Measurements, Overlap, ServerTimes,
 };
-pub use overlap::{OverlapFactors, OverlapFit, TimedOp, fit_factor};
+pub use overlap::{OverlapFactors, OverlapFit, TimedOp, fit_factor, fit_factors};
 pub use planner::{Plan, Space, plan};
 pub use replan::{Current, Decision, ReplanPolicy, decide, migration_s, recut_s};

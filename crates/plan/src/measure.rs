@@ -75,6 +75,14 @@ pub struct LayerTimes {
     pub backward_s: f64,
     /// Seconds of the optimizer update of the layer's parameters, once per step.
     pub apply_s: f64,
+    /// Seconds this layer adds to every forward run whatever its size (its nodes' fixed
+    /// cost per run: a deeper cut's forward graph runs more of them), beyond
+    /// [`DeviceTimes::forward_call_s`].
+    #[serde(default)]
+    pub forward_call_s: f64,
+    /// The same for the backward.
+    #[serde(default)]
+    pub backward_call_s: f64,
 }
 
 /// The device's own compute.
@@ -82,7 +90,8 @@ pub struct LayerTimes {
 pub struct DeviceTimes {
     /// Every layer of the model.
     pub layers: Vec<LayerTimes>,
-    /// Fixed seconds of one forward graph run, whatever the cut.
+    /// Fixed seconds of one forward graph run, whatever the cut (each layer's own adds to
+    /// it: [`LayerTimes::forward_call_s`]).
     pub forward_call_s: f64,
     /// Fixed seconds of one backward graph run.
     pub backward_call_s: f64,
@@ -130,7 +139,8 @@ pub struct EdgeCutTimes {
 }
 
 /// Overlap factors as measured: a side's compute time while the other side computes
-/// too, over its time alone (1: separate hardware; about 2: one shared core). `None`: not
+/// too, over its time alone (1: separate hardware; about 2: one shared core), and the
+/// device's while its link carries a micro-batch ([`crate::overlap`]). `None`: not
 /// measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Overlap {
@@ -138,6 +148,10 @@ pub struct Overlap {
     pub device: Option<f64>,
     /// The edge's step while the device computes.
     pub edge: Option<f64>,
+    /// The device's forward and backward while an activation goes up or a gradient
+    /// comes down.
+    #[serde(default)]
+    pub device_link: Option<f64>,
 }
 
 /// One edge server.
@@ -185,6 +199,8 @@ impl Measurements {
             non_negative(|| format!("device layer {i}: forward seconds per sample"), l.forward_s)?;
             non_negative(|| format!("device layer {i}: backward seconds per sample"), l.backward_s)?;
             non_negative(|| format!("device layer {i}: apply seconds"), l.apply_s)?;
+            non_negative(|| format!("device layer {i}: forward seconds per call"), l.forward_call_s)?;
+            non_negative(|| format!("device layer {i}: backward seconds per call"), l.backward_call_s)?;
         }
         for c in &self.cuts {
             // A cut after the last layer would leave the edge nothing to train.
@@ -210,7 +226,9 @@ impl Measurements {
                 }
                 c.step.check(&|| field(&format!("edge step at cut {}", c.cut)))?;
                 non_negative(|| field(&format!("edge apply seconds at cut {}", c.cut)), c.apply_s)?;
-                for (side, factor) in [("device", c.overlap.device), ("edge", c.overlap.edge)] {
+                let factors =
+                    [("device", c.overlap.device), ("edge", c.overlap.edge), ("device link", c.overlap.device_link)];
+                for (side, factor) in factors {
                     if let Some(k) = factor {
                         at_least_one(|| field(&format!("{side} overlap factor at cut {}", c.cut)), k)?;
                     }

@@ -15,7 +15,15 @@ const MS: f64 = 1e-3;
 fn probed() -> Measurements {
     Measurements {
         device: DeviceTimes {
-            layers: vec![LayerTimes { forward_s: 1.0 * MS, backward_s: 2.0 * MS, apply_s: 0.1 * MS }; 3],
+            layers: vec![
+                LayerTimes {
+                    forward_s: 1.0 * MS,
+                    backward_s: 2.0 * MS,
+                    apply_s: 0.1 * MS,
+                    ..LayerTimes::default()
+                };
+                3
+            ],
             forward_call_s: 0.5 * MS,
             backward_call_s: 0.5 * MS,
             apply_call_s: 0.5 * MS,
@@ -40,8 +48,15 @@ fn probed() -> Measurements {
 /// out independently of `Calibration::apply`.
 fn slower(device: f64, edge: f64) -> Measurements {
     let mut m = probed();
-    m.device.layers =
-        vec![LayerTimes { forward_s: device * MS, backward_s: 2.0 * device * MS, apply_s: 0.1 * device * MS }; 3];
+    m.device.layers = vec![
+        LayerTimes {
+            forward_s: device * MS,
+            backward_s: 2.0 * device * MS,
+            apply_s: 0.1 * device * MS,
+            ..LayerTimes::default()
+        };
+        3
+    ];
     m.device.forward_call_s = 0.5 * device * MS;
     m.device.backward_call_s = 0.5 * device * MS;
     m.device.apply_call_s = 0.5 * device * MS;

@@ -22,7 +22,7 @@ fn assert_ms(got_s: f64, expected_ms: f64, what: &str) {
 fn measurements(overlap: Overlap) -> Measurements {
     Measurements {
         device: DeviceTimes {
-            layers: vec![LayerTimes { forward_s: MS, backward_s: 0.0, apply_s: 0.0 }; 2],
+            layers: vec![LayerTimes { forward_s: MS, backward_s: 0.0, apply_s: 0.0, ..LayerTimes::default() }; 2],
             ..DeviceTimes::default()
         },
         cuts: vec![CutBytes { cut: 0, activation: 0, label: 0 }],
@@ -40,7 +40,7 @@ fn measurements(overlap: Overlap) -> Measurements {
 }
 
 fn model(device: f64, edge: f64) -> CostModel {
-    CostModel { message_bytes: 0, overlap: OverlapFactors { device, edge }, ..CostModel::default() }
+    CostModel { message_bytes: 0, overlap: OverlapFactors { device, edge, device_link: 1.0 }, ..CostModel::default() }
 }
 
 /// A batch of 4, the device's one layer frozen; M ∈ {1, 2, 4}.
@@ -84,9 +84,9 @@ fn separate_hardware_pipelines_and_a_shared_core_takes_one_big_micro_batch() {
     assert_ms(m4.stages.edge_s, 2.0, "M = 4, mean edge step");
     assert_ms(m4.apart.device_forward_s, 1.0, "M = 4, forward alone");
     assert_ms(m4.apart.edge_s, 1.25, "M = 4, edge step alone");
-    assert_eq!(m4.overlap, OverlapFactors { device: 2.0, edge: 2.0 });
+    assert_eq!(m4.overlap, OverlapFactors { device: 2.0, edge: 2.0, device_link: 1.0 });
     // The factors the probe measured win over the model's defaults.
-    let measured = Overlap { device: Some(2.0), edge: Some(2.0) };
+    let measured = Overlap { device: Some(2.0), edge: Some(2.0), device_link: None };
     let probed = plan(&model(1.0, 1.0), &measurements(measured), &workload, &space).unwrap();
     assert_eq!(probed.candidates, shared.candidates);
 }
@@ -122,7 +122,53 @@ fn overlap_factors_below_one_are_refused_with_their_field() {
     let (workload, space) = space();
     let e = plan(&model(0.5, 1.0), &measurements(Overlap::default()), &workload, &space).unwrap_err();
     assert!(matches!(e, PlanError::Value { .. }) && e.to_string().contains("default device overlap factor"), "{e}");
-    let bad = Overlap { device: None, edge: Some(f64::NAN) };
+    let bad = Overlap { device: None, edge: Some(f64::NAN), device_link: None };
     let e = plan(&model(1.0, 1.0), &measurements(bad), &workload, &space).unwrap_err();
     assert!(e.to_string().contains("server 0 (edge-a): edge overlap factor at cut 0"), "{e}");
+}
+
+/// Cut 0 with a frozen device side, an edge that takes no time and a link of 1 MB/s up
+/// and no latency: per sample the device's forward takes 1 ms and its activation (1,000
+/// bytes) 1 ms to go up.
+fn uploading(overlap: Overlap) -> Measurements {
+    let mut m = measurements(overlap);
+    m.cuts[0].activation = 1000;
+    m.servers[0].link.up_bytes_per_s = 1e6;
+    m.servers[0].cuts[0].step = Affine::default();
+    m
+}
+
+#[test]
+fn the_device_computes_slower_while_its_link_carries_a_micro_batch() {
+    let (workload, _) = space();
+    let link_model = |k: f64| CostModel {
+        message_bytes: 0,
+        overlap: OverlapFactors { device: 1.0, edge: 1.0, device_link: k },
+        ..CostModel::default()
+    };
+    let at = |model: &CostModel, m: &Measurements, micro_batches, mode| {
+        model.predict(m, &workload, &Candidate { server: 0, cut: 0, micro_batches, mode }).unwrap()
+    };
+    let m = uploading(Overlap::default());
+    // M = 2 (2 samples each: forward 2, upload 2). Factor 1: fwd0 [0, 2], up0 [2, 4],
+    // fwd1 [2, 4], up1 [4, 6]: 6. Factor 2: fwd1 runs at half speed while up0 is in
+    // flight, 1 of its 2 done by 4, alone to 5; up1 [5, 7]: 7.
+    assert_ms(at(&link_model(1.0), &m, 2, Mode::Pipelined(None)).step_s, 6.0, "M = 2, link factor 1");
+    let slowed = at(&link_model(2.0), &m, 2, Mode::Pipelined(None));
+    assert_ms(slowed.step_s, 7.0, "M = 2, link factor 2");
+    assert_ms(slowed.stages.device_forward_s, 2.5, "M = 2, link factor 2: mean forward (2 and 3)");
+    assert_ms(slowed.stages.up_s, 2.0, "the link itself is not slowed");
+    // The device waits for each reply (sequential), or sends one micro-batch: no transfer
+    // overlaps its compute, 2·(2 + 2) and 4 + 4.
+    assert_ms(at(&link_model(2.0), &m, 2, Mode::Sequential).step_s, 8.0, "sequential, link factor 2");
+    assert_ms(at(&link_model(2.0), &m, 1, Mode::Pipelined(None)).step_s, 8.0, "M = 1, link factor 2");
+    // The factor the probe measured wins over the default, as the other two do.
+    let measured = uploading(Overlap { device_link: Some(2.0), ..Overlap::default() });
+    assert_eq!(at(&link_model(1.0), &measured, 2, Mode::Pipelined(None)), slowed);
+    // Below 1 it is refused, naming it.
+    let e = plan(&link_model(0.5), &m, &workload, &space().1).unwrap_err();
+    assert!(
+        matches!(e, PlanError::Value { .. }) && e.to_string().contains("default device link overlap factor"),
+        "{e}"
+    );
 }

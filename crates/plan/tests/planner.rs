@@ -31,7 +31,15 @@ fn four_layers(forward_ms: f64, backward_ms: f64, edge_ms: f64, activation: [u64
     let layers = 4;
     Measurements {
         device: DeviceTimes {
-            layers: vec![LayerTimes { forward_s: forward_ms * MS, backward_s: backward_ms * MS, apply_s: 0.0 }; layers],
+            layers: vec![
+                LayerTimes {
+                    forward_s: forward_ms * MS,
+                    backward_s: backward_ms * MS,
+                    apply_s: 0.0,
+                    ..LayerTimes::default()
+                };
+                layers
+            ],
             ..DeviceTimes::default()
         },
         cuts: (0..3).map(|k| CutBytes { cut: k, activation: activation[k], label: 0 }).collect(),
@@ -128,8 +136,8 @@ fn overheads() -> (CostModel, Measurements) {
     let m = Measurements {
         device: DeviceTimes {
             layers: vec![
-                LayerTimes { forward_s: 0.25 * MS, backward_s: 0.25 * MS, apply_s: 0.0 },
-                LayerTimes { forward_s: 0.25 * MS, backward_s: 0.25 * MS, apply_s: 0.0 },
+                LayerTimes { forward_s: 0.25 * MS, backward_s: 0.25 * MS, apply_s: 0.0, ..LayerTimes::default() },
+                LayerTimes { forward_s: 0.25 * MS, backward_s: 0.25 * MS, apply_s: 0.0, ..LayerTimes::default() },
                 LayerTimes::default(),
             ],
             forward_call_s: 1.0 * MS,
@@ -210,7 +218,7 @@ fn a_busy_device_runs_its_forwards_first_and_hides_the_round_trips() {
     let m = Measurements {
         device: DeviceTimes {
             layers: vec![
-                LayerTimes { forward_s: 10.0 * MS, backward_s: 10.0 * MS, apply_s: 0.0 },
+                LayerTimes { forward_s: 10.0 * MS, backward_s: 10.0 * MS, apply_s: 0.0, ..LayerTimes::default() },
                 LayerTimes::default(),
             ],
             ..DeviceTimes::default()

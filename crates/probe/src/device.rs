@@ -210,14 +210,27 @@ pub fn layer_times(cuts: &[DeviceCut], flops: &[u64]) -> (Vec<LayerTimes>, [f64;
     let backward =
         spread(&trained.iter().filter_map(|c| c.backward.map(|b| (c.cut, b.per_sample_s))).collect::<Vec<_>>(), flops);
     let apply = spread(&trained.iter().filter_map(|c| c.apply_s.map(|a| (c.cut, a))).collect::<Vec<_>>(), flops);
-    let calls = |v: Vec<f64>| if v.is_empty() { 0.0 } else { median(v) };
-    let call_s = [
-        calls(cuts.iter().map(|c| c.forward.fixed_s).collect()),
-        calls(trained.iter().filter_map(|c| c.backward.map(|b| b.fixed_s)).collect()),
-        0.0,
-    ];
+    // A run's fixed cost grows with the nodes it runs: what every cut pays is the call's,
+    // what a deeper cut pays more is spread over the layers in front of it, evenly (a
+    // layer's nodes, not its FLOPs, cost per run), so that each probed cut gets its own.
+    let forward_fixed: Vec<(usize, f64)> = cuts.iter().map(|c| (c.cut, c.forward.fixed_s)).collect();
+    let backward_fixed: Vec<(usize, f64)> =
+        trained.iter().filter_map(|c| c.backward.map(|b| (c.cut, b.fixed_s))).collect();
+    let least = |v: &[(usize, f64)]| v.iter().map(|&(_, t)| t).reduce(f64::min).unwrap_or(0.0);
+    let (forward_base, backward_base) = (least(&forward_fixed), least(&backward_fixed));
+    let evenly = vec![1u64; flops.len()];
+    let above = |v: &[(usize, f64)], base: f64| v.iter().map(|&(c, t)| (c, t - base)).collect::<Vec<_>>();
+    let forward_calls = spread(&above(&forward_fixed, forward_base), &evenly);
+    let backward_calls = spread(&above(&backward_fixed, backward_base), &evenly);
+    let call_s = [forward_base, backward_base, 0.0];
     let layers = (0..flops.len())
-        .map(|i| LayerTimes { forward_s: forward[i], backward_s: backward[i], apply_s: apply[i] })
+        .map(|i| LayerTimes {
+            forward_s: forward[i],
+            backward_s: backward[i],
+            apply_s: apply[i],
+            forward_call_s: forward_calls[i],
+            backward_call_s: backward_calls[i],
+        })
         .collect();
     (layers, call_s)
 }
@@ -234,5 +247,38 @@ mod tests {
         // No FLOPs in a span: shared evenly; nothing measured: zeros.
         assert_eq!(spread(&[(1, 4.0)], &[0, 0, 5]), vec![2.0, 2.0, 0.0]);
         assert_eq!(spread(&[], &[1, 1]), vec![0.0, 0.0]);
+    }
+
+    fn cut(cut: usize, forward: (f64, f64), backward: (f64, f64)) -> DeviceCut {
+        DeviceCut {
+            cut,
+            frozen: false,
+            forward: Affine { fixed_s: forward.0, per_sample_s: forward.1 },
+            backward: Some(Affine { fixed_s: backward.0, per_sample_s: backward.1 }),
+            apply_s: Some(0.0),
+            state_bytes: 0,
+            activations: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_probed_cut_keeps_its_own_fixed_cost_per_run() {
+        // Cuts after layers 0, 2 and 3 of 5: a forward run costs 2, 5 and 6 ms whatever
+        // its size, a backward 3, 4 and 9.
+        let cuts = [cut(0, (2.0, 1.0), (3.0, 1.0)), cut(2, (5.0, 3.0), (4.0, 2.0)), cut(3, (6.0, 4.0), (9.0, 5.0))];
+        let (layers, [forward_call, backward_call, _]) = layer_times(&cuts, &[1, 1, 1, 1, 1]);
+        assert_eq!((forward_call, backward_call), (2.0, 3.0), "what every cut pays");
+        for c in &cuts {
+            let front = &layers[..=c.cut];
+            let fixed = forward_call + front.iter().map(|l| l.forward_call_s).sum::<f64>();
+            let per_sample: f64 = front.iter().map(|l| l.forward_s).sum();
+            assert_eq!((fixed, per_sample), (c.forward.fixed_s, c.forward.per_sample_s), "forward at cut {}", c.cut);
+            let fixed = backward_call + front.iter().map(|l| l.backward_call_s).sum::<f64>();
+            assert_eq!(fixed, c.backward.unwrap().fixed_s, "backward at cut {}", c.cut);
+        }
+        // Between probed cuts the excess is spread evenly over the layers (1.5 each for
+        // layers 1 and 2), and nothing past the last probed cut.
+        assert_eq!(layers.iter().map(|l| l.forward_call_s).collect::<Vec<_>>(), vec![0.0, 1.5, 1.5, 1.0, 0.0]);
     }
 }

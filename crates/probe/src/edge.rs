@@ -12,7 +12,11 @@
 //! each side's operations are set against the other side's busy intervals, and
 //! [`edgefreeze_plan::fit_factor`] finds the overlap factor that explains their times.
 //! On separate machines it comes out near 1; on shared cores it is the slowdown the
-//! pipeline will see.
+//! pipeline will see. The device's operations are also set against the times its link
+//! carried a micro-batch (each activation's upload, at the probed uplink rate, from when
+//! it was sent or the one before it had gone; each reply's arrival, at the downlink rate,
+//! until it was in), and [`edgefreeze_plan::fit_factors`] fits both of its factors at
+//! once: its network stack shares its cores.
 
 use crate::device::{DeviceLoad, small_like};
 use crate::error::{ProbeError, Result};
@@ -21,7 +25,8 @@ use edgefreeze_device::link::{EdgeSession, tag_of};
 use edgefreeze_device::pipeline::{DeviceSide, EdgeTimes, Exchange, Link, Tag, Upload, check_reply, now_us};
 use edgefreeze_device::split::{SplitSettings, split_request};
 use edgefreeze_engine::Value;
-use edgefreeze_plan::{Affine, EdgeCutTimes, Overlap, OverlapFit, TimedOp, fit_factor};
+use edgefreeze_plan::overlap::union;
+use edgefreeze_plan::{Affine, EdgeCutTimes, LinkTimes, Overlap, OverlapFit, TimedOp, fit_factor, fit_factors};
 use edgefreeze_wire::auth::Credentials;
 use edgefreeze_wire::pb;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +51,8 @@ pub struct EdgeProbe<'a> {
     pub apply_s_per_byte: Option<f64>,
     /// A server that does not answer a call or a micro-batch within this long is lost.
     pub timeout: std::time::Duration,
+    /// The link to the server as probed: the concurrent probe's transfer times.
+    pub link: LinkTimes,
 }
 
 /// What the edge said at one cut.
@@ -66,6 +73,9 @@ pub struct Concurrent {
     pub samples: usize,
     /// The device's forwards and backwards against the edge's compute.
     pub device: OverlapFit,
+    /// The device's forwards and backwards against its link's transfers (fitted with
+    /// `device`).
+    pub device_link: OverlapFit,
     /// The edge's steps against the device's compute.
     pub edge: OverlapFit,
     /// Seconds it took.
@@ -150,7 +160,13 @@ pub fn time_cut(
                     dropout_seed: Some(i as i64),
                     sent_us: now_us(),
                 };
-                Some(concurrent(&mut link, load, edge_alone_s, (first..first + concurrent_count).map(upload))?)
+                // What one micro-batch's transfers take each way at the probed rates
+                // (a frozen device gets no gradient down).
+                let up_bytes = (crate::device::value_bytes(activation) + crate::device::value_bytes(labels)) as f64;
+                let down_bytes = if frozen { 0.0 } else { crate::device::value_bytes(activation) as f64 };
+                let transfers = (up_bytes / probe.link.up_bytes_per_s, down_bytes / probe.link.down_bytes_per_s);
+                let uploads = (first..first + concurrent_count).map(upload);
+                Some(concurrent(&mut link, load, edge_alone_s, transfers, uploads)?)
             }
             _ => None,
         };
@@ -180,7 +196,11 @@ pub fn time_cut(
         address: probe.address.to_string(),
         message: format!("cut {cut}: no usable edge times in {points:?}"),
     })?;
-    let overlap = concurrent.map_or(Overlap::default(), |c| Overlap { device: c.device.factor, edge: c.edge.factor });
+    let overlap = concurrent.map_or(Overlap::default(), |c| Overlap {
+        device: c.device.factor,
+        edge: c.edge.factor,
+        device_link: c.device_link.factor,
+    });
     Ok(EdgeCut { times: EdgeCutTimes { cut, step, apply_s, overlap }, state_bytes, concurrent })
 }
 
@@ -191,11 +211,12 @@ const CONCURRENT_WINDOW: usize = 2;
 /// The concurrent probe (module docs): `uploads` to the edge, [`CONCURRENT_WINDOW`] in
 /// flight, while `load` computes on a thread of its own from before the first is sent
 /// until the last reply is in; `edge_alone_s` is the edge's compute for this micro-batch
-/// size alone.
+/// size alone, `transfers` the seconds of one upload and one download.
 fn concurrent(
     link: &mut impl Link,
     load: &mut DeviceLoad,
     edge_alone_s: f64,
+    transfers: (f64, f64),
     uploads: impl Iterator<Item = Upload>,
 ) -> edgefreeze_device::Result<Concurrent> {
     let started = std::time::Instant::now();
@@ -215,16 +236,37 @@ fn concurrent(
     let edge_busy: Vec<(f64, f64)> =
         exchanges.iter().map(|e| (secs(e.edge.start_us - theta), secs(e.edge.end_us - theta))).collect();
     let device_busy: Vec<(f64, f64)> = device_ops.iter().map(|&(_, s, e)| (secs(s), secs(e))).collect();
+    let link_busy = link_intervals(&exchanges, transfers).into_iter().map(|(s, e)| (secs(s), secs(e))).collect();
+    let link_busy = union(link_busy);
     let device: Vec<TimedOp> =
         device_ops.iter().map(|&(alone_s, s, e)| TimedOp { alone_s, start_s: secs(s), end_s: secs(e) }).collect();
     let edge: Vec<TimedOp> =
         edge_busy.iter().map(|&(start_s, end_s)| TimedOp { alone_s: edge_alone_s, start_s, end_s }).collect();
+    let [device_fit, device_link] = fit_factors(&device, &edge_busy, &link_busy);
     Ok(Concurrent {
         samples: load.samples,
-        device: fit_factor(&device, &edge_busy),
+        device: device_fit,
+        device_link,
         edge: fit_factor(&edge, &device_busy),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// When the device's link carried each exchange's micro-batch (µs on the device's clock):
+/// the upload from when it was sent, or the upload before it had gone (the link carries
+/// one at a time), for `transfers.0` seconds; the reply for the `transfers.1` seconds
+/// before it arrived.
+fn link_intervals(exchanges: &[Exchange], transfers: (f64, f64)) -> Vec<(i64, i64)> {
+    let (up_us, down_us) = ((transfers.0 * 1e6).round() as i64, (transfers.1 * 1e6).round() as i64);
+    let mut up_free = i64::MIN;
+    let mut intervals = Vec::with_capacity(2 * exchanges.len());
+    for e in exchanges {
+        let start = e.sent_us.max(up_free);
+        up_free = start + up_us;
+        intervals.push((start, up_free));
+        intervals.push((e.received_us - down_us, e.received_us));
+    }
+    intervals
 }
 
 /// The device's forward and backward of `load`'s micro-batch over and over until `stop`:

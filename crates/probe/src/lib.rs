@@ -289,6 +289,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
                 run_id: format!("probe-{stamp:x}-{}", c.cut),
                 apply_s_per_byte,
                 timeout: settings.timeout,
+                link: server.link,
             };
             let batches: Vec<(usize, Value, Value)> = c
                 .activations

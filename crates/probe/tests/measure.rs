@@ -114,12 +114,16 @@ fn the_concurrent_probe_runs_the_device_beside_the_edge_at_every_cut() {
         assert_eq!(f.edge.ops, 6, "{f:?}");
         assert!(f.edge.mean_fraction > 0.5, "{f:?}");
         assert!(f.device.ops >= 2 && f.device.mean_fraction > 0.0, "{f:?}");
-        for k in [f.device.factor, f.edge.factor].into_iter().flatten() {
+        assert_eq!(f.device_link.ops, f.device.ops, "fitted together");
+        for k in [f.device.factor, f.edge.factor, f.device_link.factor].into_iter().flatten() {
             assert!((1.0..=edgefreeze_plan::overlap::MAX_FACTOR).contains(&k), "{f:?}");
         }
         // What the planner reads is what the probe found.
         let times = m.servers[0].at(c.cut).unwrap();
-        assert_eq!((times.overlap.device, times.overlap.edge), (f.device.factor, f.edge.factor));
+        assert_eq!(
+            (times.overlap.device, times.overlap.edge, times.overlap.device_link),
+            (f.device.factor, f.edge.factor, f.device_link.factor)
+        );
     }
     // The probe sessions are gone.
     assert!(server.sessions().is_empty(), "{:?}", server.sessions().len());
@@ -127,7 +131,8 @@ fn the_concurrent_probe_runs_the_device_beside_the_edge_at_every_cut() {
     let apart = probe(&model(), &[target(address)], &ProbeSettings { concurrent: false, ..settings() }).unwrap();
     assert!(apart.concurrent.is_empty());
     assert!(apart.measurements.servers[0].cuts.iter().all(|c| c.overlap == Overlap::default()));
-    let model = CostModel { overlap: OverlapFactors { device: 1.5, edge: 2.0 }, ..CostModel::default() };
+    let model =
+        CostModel { overlap: OverlapFactors { device: 1.5, edge: 2.0, device_link: 1.25 }, ..CostModel::default() };
     let p = plan(&model, &apart.measurements, &Workload { batch: 64, frozen_layers: 0 }, &Space::default()).unwrap();
     assert!(p.candidates.iter().all(|c| c.overlap == model.overlap));
     runtime.block_on(server.shutdown()).unwrap();
