@@ -346,10 +346,10 @@ const OVERLAP_ITERATIONS: usize = 60;
 /// it computes too. The share of each operation the other side overlaps depends on the
 /// stretched times, so the schedule is a fixed point: start from the apart times, run the
 /// schedule, stretch each operation by the share of it the other side's operations
-/// covered (and, for the device's, the share its link's transfers covered), and repeat (moving half-way each time: a full step can jump between two
-/// schedules) until nothing changes. With factors of 1, or one micro-batch in flight
-/// (the device waits for each reply, the edge for each activation), it is the apart
-/// schedule.
+/// covered (and, for the device's, the share its link's transfers covered), and repeat
+/// (moving half-way each time: a full step can jump between two schedules) until nothing
+/// changes. With factors of 1, or one micro-batch in flight (the device waits for each
+/// reply, the edge for each activation), it is the apart schedule.
 fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Timeline {
     let mut forward = vec![apart.device_forward_s; m];
     let mut edge = vec![apart.edge_s; m];

@@ -167,19 +167,9 @@ const MIN_COVERAGE: f64 = 0.25;
 /// the least-squares slope Σ f·(1 − a/d) / Σ f². A slope below 0 (ran faster than alone:
 /// noise, or a load that went away) gives k = 1; c is at most 0.95 (k = 20).
 pub fn fit_factor(ops: &[TimedOp], busy: &[(f64, f64)]) -> OverlapFit {
-    let usable: Vec<(f64, f64)> = ops
-        .iter()
-        .filter(|o| usable(o))
-        .map(|o| (covered_fraction(o.start_s, o.end_s, busy), 1.0 - o.alone_s / (o.end_s - o.start_s)))
-        .collect();
-    let ff: f64 = usable.iter().map(|(f, _)| f * f).sum();
-    let mean_fraction =
-        if usable.is_empty() { 0.0 } else { usable.iter().map(|(f, _)| f).sum::<f64>() / usable.len() as f64 };
-    let factor = (ff >= MIN_COVERAGE).then(|| {
-        let c = usable.iter().map(|(f, y)| f * y).sum::<f64>() / ff;
-        1.0 / (1.0 - c.clamp(0.0, MAX_SLOWDOWN))
-    });
-    OverlapFit { factor, ops: usable.len(), mean_fraction, mean_stretch: mean_stretch(ops) }
+    // The two-source fit with a second source that overlapped nothing is this one.
+    let [fit, _] = fit_factors(ops, busy, &[]);
+    fit
 }
 
 /// The factors of two sources that best explain `ops`' times together (the device's:

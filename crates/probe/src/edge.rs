@@ -162,8 +162,9 @@ pub fn time_cut(
                 };
                 // What one micro-batch's transfers take each way at the probed rates
                 // (a frozen device gets no gradient down).
-                let up_bytes = (crate::device::value_bytes(activation) + crate::device::value_bytes(labels)) as f64;
-                let down_bytes = if frozen { 0.0 } else { crate::device::value_bytes(activation) as f64 };
+                let activation_bytes = crate::device::value_bytes(activation) as f64;
+                let up_bytes = activation_bytes + crate::device::value_bytes(labels) as f64;
+                let down_bytes = if frozen { 0.0 } else { activation_bytes };
                 let transfers = (up_bytes / probe.link.up_bytes_per_s, down_bytes / probe.link.down_bytes_per_s);
                 let uploads = (first..first + concurrent_count).map(upload);
                 Some(concurrent(&mut link, load, edge_alone_s, transfers, uploads)?)
