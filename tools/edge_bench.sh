@@ -120,14 +120,16 @@ row "pipelined, device frozen" frozen $fcut $fm "$l"
 echo
 cat stages.md
 # The concurrent probe's overlap factors at each cut, for both plans: the device's beside
-# the edge's compute and beside its own link's transfers, and the edge's.
+# the edge's compute and beside its own link's transfers, the edge's, and the device's
+# transfers beside its compute.
 for f in plan.json frozen.json; do
   python3 - "$f" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 k = lambda x: "n/a" if x is None or x["factor"] is None else f"{x['factor']:.2f}"
-print(f"{sys.argv[1]}: overlap factors device/device-link/edge " + ", ".join(
+print(f"{sys.argv[1]}: overlap factors device/device-link/edge/link " + ", ".join(
     f"cut {c['cut']} {k(c['found']['device'])}/{k(c['found'].get('device_link'))}/{k(c['found']['edge'])}"
+    f"/{k(c['found'].get('link'))}"
     for c in d["probe"]["concurrent"]))
 PY
 done

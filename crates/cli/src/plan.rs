@@ -82,11 +82,21 @@ pub struct PlanArgs {
     /// gradient comes down, over its time alone).
     #[arg(long, default_value_t = CostModel::default().overlap.device_link)]
     pub overlap_device_link: f64,
+    /// Cost model: the overlap factor of the device's transfers with its own compute
+    /// where the concurrent probe did not measure it (a transfer's time while the device
+    /// computes, over its time at the link's rate).
+    #[arg(long, default_value_t = CostModel::default().overlap.link)]
+    pub overlap_link: f64,
     /// Skip the concurrent probe (the device computing while the edge steps): the
-    /// overlap factors are then --overlap-device, --overlap-edge and
-    /// --overlap-device-link.
+    /// overlap factors are then --overlap-device, --overlap-edge,
+    /// --overlap-device-link and --overlap-link.
     #[arg(long)]
     pub no_concurrent_probe: bool,
+    /// The device operations the concurrent probe wants at each (server, cut): where
+    /// its micro-batches went by in fewer, a second session sends more (a deep cut, a
+    /// long device forward).
+    #[arg(long, default_value_t = edgefreeze_probe::edge::MIN_DEVICE_OPS)]
+    pub concurrent_min_ops: usize,
     /// The edge's update speed in bytes of state per second (default: one update timed on
     /// each edge at each cut).
     #[arg(long)]
@@ -131,6 +141,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         timeout: Duration::from_secs_f64(args.timeout),
         apply_bytes_per_s: args.apply_rate,
         concurrent: !args.no_concurrent_probe,
+        min_device_ops: args.concurrent_min_ops,
         ..ProbeSettings::new(args.batch)
     };
     let targets: Vec<Target> =
@@ -154,6 +165,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
             device: args.overlap_device,
             edge: args.overlap_edge,
             device_link: args.overlap_device_link,
+            link: args.overlap_link,
         },
     };
     let workload = Workload { batch: args.batch, frozen_layers: args.frozen_layers };
@@ -213,15 +225,18 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     for c in &report.concurrent {
         let _ = writeln!(
             out,
-            "concurrent probe, {} at cut {} ({} samples, {:.1} s): device {} (beside the edge), {} (beside its \
-             link), edge {}",
+            "concurrent probe, {} at cut {} ({} samples, {:.1} s, {} session{}): device {} (beside the edge), {} \
+             (beside its link), edge {}, the device's link {} (beside its compute)",
             c.server,
             c.cut,
             c.found.samples,
             c.found.seconds,
+            c.found.sessions,
+            if c.found.sessions == 1 { "" } else { "s" },
             factor(&c.found.device),
             factor(&c.found.device_link),
-            factor(&c.found.edge)
+            factor(&c.found.edge),
+            factor(&c.found.link)
         );
     }
     for s in &report.skipped {
@@ -230,13 +245,14 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "stage times are per micro-batch, as the step runs them (compute stretched by the overlap factors \
-         where device and edge compute at once, and the device's where its link carries a micro-batch; \
-         overlap: device beside the edge / device beside its link / edge); step times per step of the whole batch"
+         where device and edge compute at once, the device's where its link carries a micro-batch, the device's \
+         transfers where it computes; overlap: device beside the edge / device beside its link / edge / the \
+         device's link beside its compute); step times per step of the whole batch"
     );
     let width = plan.candidates.iter().map(|p| p.server.len()).max().unwrap_or(6).max(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>14}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
+        "{:<width$}  {:>4}  {:>3}  {:>6}  {:>19}  {:>10}  {:>8}  {:>8}  {:>8}  {:>10}  {:>9}  {:<10}  {:>9}",
         "server",
         "cut",
         "M",
@@ -255,12 +271,12 @@ fn table(report: &ProbeReport, plan: &Plan) -> String {
         let s = &p.stages;
         let _ = writeln!(
             out,
-            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>14}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
+            "{:<width$}  {:>4}  {:>3}  {:>6}  {:>19}  {:>10.2}  {:>8.2}  {:>8.2}  {:>8.2}  {:>10.2}  {:>9.2}  {:<10}  {:>9.2}{}",
             p.server,
             p.candidate.cut,
             p.candidate.micro_batches,
             if p.frozen_device { "yes" } else { "no" },
-            format!("{:.2}/{:.2}/{:.2}", p.overlap.device, p.overlap.device_link, p.overlap.edge),
+            format!("{:.2}/{:.2}/{:.2}/{:.2}", p.overlap.device, p.overlap.device_link, p.overlap.edge, p.overlap.link),
             s.device_forward_s * 1e3,
             s.up_s * 1e3,
             s.edge_s * 1e3,

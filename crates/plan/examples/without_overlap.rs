@@ -21,7 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let with = model.predict(&measured, &workload, &candidate)?;
     let without = model.predict(&apart, &workload, &candidate)?;
-    let factors = |o: &edgefreeze_plan::OverlapFactors| format!("{:.2}/{:.2}/{:.2}", o.device, o.edge, o.device_link);
+    let factors = |o: &edgefreeze_plan::OverlapFactors| {
+        format!("{:.2}/{:.2}/{:.2}/{:.2}", o.device, o.edge, o.device_link, o.link)
+    };
     println!(
         "cut {}, M = {}: {:.0} ms with the measured overlap factors (device/edge/device link) {}, {:.0} ms with {}",
         candidate.cut,

@@ -46,6 +46,9 @@
 //! device's compute is slowed the same way, by its own factor, where its link carries a
 //! micro-batch: an activation being sent up, or a gradient arriving (its network stack
 //! runs on the device's cores; on a quarter of a core that made the forward 1.5x longer).
+//! And the device's transfers are slowed by its own factor where the device computes
+//! during them (their system calls and flow control wait for the device's CPU behind its
+//! compute; on a tenth of a core, uploads took 1.6x their time at the link's rate).
 //!
 //! This refines PAPERS.md's model: the round-trip time is latency, counted per crossing
 //! and not in every period; the device's forward and backward share one resource; and
@@ -189,8 +192,8 @@ pub struct Prediction {
     pub up_bytes: f64,
     /// Bytes down per micro-batch.
     pub down_bytes: f64,
-    /// The stages of one micro-batch as the step runs them: its compute the mean over
-    /// the step's micro-batches, stretched where device and edge compute at once.
+    /// The stages of one micro-batch as the step runs them: the mean over the step's
+    /// micro-batches, each stretched where the overlap model says ([`crate::overlap`]).
     pub stages: Stages,
     /// The stages of one micro-batch with each side computing alone (the probe's times).
     #[serde(default)]
@@ -220,6 +223,7 @@ impl CostModel {
         at_least_one(|| "the default device overlap factor".into(), self.overlap.device)?;
         at_least_one(|| "the default edge overlap factor".into(), self.overlap.edge)?;
         at_least_one(|| "the default device link overlap factor".into(), self.overlap.device_link)?;
+        at_least_one(|| "the default link overlap factor".into(), self.overlap.link)?;
         Ok(())
     }
 
@@ -308,7 +312,7 @@ impl CostModel {
     }
 }
 
-/// One step's compute, micro-batch by micro-batch, as [`schedule`] ran it.
+/// One step, micro-batch by micro-batch, as [`schedule`] ran it.
 struct Timeline {
     /// When the device is done with the last micro-batch.
     device_end_s: f64,
@@ -316,21 +320,46 @@ struct Timeline {
     last_forward_end_s: f64,
     /// When the edge's last micro-batch step ends.
     last_edge_end_s: f64,
-    /// Each micro-batch's device forward, edge step and device backward, in seconds,
-    /// stretched where the other side computed at the same time.
-    forward_s: Vec<f64>,
-    edge_s: Vec<f64>,
-    backward_s: Vec<f64>,
+    /// Each micro-batch's operations, stretched where the other side computed at the
+    /// same time (the device's also where its link carried a micro-batch, its transfers
+    /// where it computed).
+    times: Times,
+}
+
+/// Each micro-batch's operation times, in seconds: what [`schedule`] settles.
+#[derive(Clone)]
+struct Times {
+    forward: Vec<f64>,
+    up: Vec<f64>,
+    edge: Vec<f64>,
+    down: Vec<f64>,
+    backward: Vec<f64>,
+}
+
+impl Times {
+    /// Every micro-batch's operations as `apart` says.
+    fn apart(apart: &Stages, m: usize) -> Times {
+        Times {
+            forward: vec![apart.device_forward_s; m],
+            up: vec![apart.up_s; m],
+            edge: vec![apart.edge_s; m],
+            down: vec![apart.down_s; m],
+            backward: vec![apart.device_backward_s; m],
+        }
+    }
 }
 
 impl Timeline {
-    /// The mean stages of a micro-batch: `apart`'s links and latency, the compute as run.
+    /// The mean stages of a micro-batch: `apart`'s latency, everything else as run.
     fn mean_stages(&self, apart: &Stages) -> Stages {
         let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+        let t = &self.times;
         Stages {
-            device_forward_s: mean(&self.forward_s),
-            edge_s: mean(&self.edge_s),
-            device_backward_s: mean(&self.backward_s),
+            device_forward_s: mean(&t.forward),
+            up_s: mean(&t.up),
+            edge_s: mean(&t.edge),
+            down_s: mean(&t.down),
+            device_backward_s: mean(&t.backward),
             ..*apart
         }
     }
@@ -346,18 +375,17 @@ const OVERLAP_ITERATIONS: usize = 60;
 /// it computes too. The share of each operation the other side overlaps depends on the
 /// stretched times, so the schedule is a fixed point: start from the apart times, run the
 /// schedule, stretch each operation by the share of it the other side's operations
-/// covered (and, for the device's, the share its link's transfers covered), and repeat
-/// (moving half-way each time: a full step can jump between two schedules) until nothing
-/// changes. With factors of 1, or one micro-batch in flight (the device waits for each
-/// reply, the edge for each activation), it is the apart schedule.
+/// covered (for the device's, also the share its link's transfers covered; for the
+/// device's transfers, the share its compute covered), and repeat (moving half-way each
+/// time: a full step can jump between two schedules) until nothing changes. With factors
+/// of 1, or one micro-batch in flight (the device waits for each reply, the edge for each
+/// activation), it is the apart schedule.
 fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Timeline {
-    let mut forward = vec![apart.device_forward_s; m];
-    let mut edge = vec![apart.edge_s; m];
-    let mut backward = vec![apart.device_backward_s; m];
+    let mut t = Times::apart(apart, m);
     for _ in 0..OVERLAP_ITERATIONS {
-        let run = run_schedule(apart, w, &forward, &edge, &backward);
+        let run = run_schedule(apart, w, &t);
         if overlap.is_none() {
-            return run.timeline(forward, edge, backward);
+            return run.timeline(t);
         }
         let device_busy: Vec<(f64, f64)> = run.forward.iter().chain(&run.backward).copied().collect();
         let link_busy = union(run.uplink.iter().chain(&run.downlink).copied().collect());
@@ -373,14 +401,17 @@ fn schedule(apart: &Stages, m: usize, w: usize, overlap: OverlapFactors) -> Time
             }
         };
         let device_sources = [(run.edge.as_slice(), overlap.device), (link_busy.as_slice(), overlap.device_link)];
-        settle(&mut forward, apart.device_forward_s, &run.forward, &device_sources);
-        settle(&mut backward, apart.device_backward_s, &run.backward, &device_sources);
-        settle(&mut edge, apart.edge_s, &run.edge, &[(device_busy.as_slice(), overlap.edge)]);
+        let device_compute = [(device_busy.as_slice(), overlap.link)];
+        settle(&mut t.forward, apart.device_forward_s, &run.forward, &device_sources);
+        settle(&mut t.backward, apart.device_backward_s, &run.backward, &device_sources);
+        settle(&mut t.edge, apart.edge_s, &run.edge, &[(device_busy.as_slice(), overlap.edge)]);
+        settle(&mut t.up, apart.up_s, &run.uplink, &device_compute);
+        settle(&mut t.down, apart.down_s, &run.downlink, &device_compute);
         if change <= 1e-15 * run.device_end_s.max(1e-9) {
             break;
         }
     }
-    run_schedule(apart, w, &forward, &edge, &backward).timeline(forward, edge, backward)
+    run_schedule(apart, w, &t).timeline(t)
 }
 
 /// When each operation of one run of the schedule ran.
@@ -398,26 +429,26 @@ struct Run {
 }
 
 impl Run {
-    /// The timeline of this run, with the compute times it ran.
-    fn timeline(&self, forward_s: Vec<f64>, edge_s: Vec<f64>, backward_s: Vec<f64>) -> Timeline {
+    /// The timeline of this run, with the operation times it ran.
+    fn timeline(&self, times: Times) -> Timeline {
         let end = |spans: &[(f64, f64)]| spans.last().map_or(0.0, |&(_, end)| end);
         Timeline {
             device_end_s: self.device_end_s,
             last_forward_end_s: end(&self.forward),
             last_edge_end_s: end(&self.edge),
-            forward_s,
-            edge_s,
-            backward_s,
+            times,
         }
     }
 }
 
-/// The pipeline's schedule with these per-micro-batch compute times: the device runs a
-/// forward whenever fewer than `w` micro-batches are in flight, else it waits for the
-/// oldest one's reply and runs its backward; the uplink, the edge and the downlink each
-/// serve one micro-batch at a time, in order, and each crossing adds its latency. Replies
-/// come back in order, so a micro-batch's arrival is known once it is sent.
-fn run_schedule(st: &Stages, w: usize, forward_s: &[f64], edge_s: &[f64], backward_s: &[f64]) -> Run {
+/// The pipeline's schedule with these per-micro-batch operation times (`st` gives the
+/// latency): the device runs a forward whenever fewer than `w` micro-batches are in
+/// flight, else it waits for the oldest one's reply and runs its backward; the uplink,
+/// the edge and the downlink each serve one micro-batch at a time, in order, and each
+/// crossing adds its latency. Replies come back in order, so a micro-batch's arrival is
+/// known once it is sent.
+fn run_schedule(st: &Stages, w: usize, t: &Times) -> Run {
+    let (forward_s, up_s, edge_s, down_s, backward_s) = (&t.forward, &t.up, &t.edge, &t.down, &t.backward);
     let m = forward_s.len();
     let w = w.max(1);
     let (mut device, mut up, mut edge, mut down) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
@@ -435,13 +466,13 @@ fn run_schedule(st: &Stages, w: usize, forward_s: &[f64], edge_s: &[f64], backwa
         if sent < m && replies.len() < w {
             run.forward.push((device, device + forward_s[sent]));
             device += forward_s[sent];
-            up = up.max(device) + st.up_s;
-            run.uplink.push((up - st.up_s, up));
+            up = up.max(device) + up_s[sent];
+            run.uplink.push((up - up_s[sent], up));
             let start = edge.max(up + st.latency_s);
             edge = start + edge_s[sent];
             run.edge.push((start, edge));
-            down = down.max(edge) + st.down_s;
-            run.downlink.push((down - st.down_s + st.latency_s, down + st.latency_s));
+            down = down.max(edge) + down_s[sent];
+            run.downlink.push((down - down_s[sent] + st.latency_s, down + st.latency_s));
             replies.push_back(down + st.latency_s);
             sent += 1;
         } else if let Some(reply) = replies.pop_front() {

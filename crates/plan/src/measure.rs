@@ -140,8 +140,8 @@ pub struct EdgeCutTimes {
 
 /// Overlap factors as measured: a side's compute time while the other side computes
 /// too, over its time alone (1: separate hardware; about 2: one shared core), and the
-/// device's while its link carries a micro-batch ([`crate::overlap`]). `None`: not
-/// measured.
+/// device's while its link carries a micro-batch, and the device's link while it
+/// computes ([`crate::overlap`]). `None`: not measured.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Overlap {
     /// The device's forward and backward while the edge steps.
@@ -152,6 +152,9 @@ pub struct Overlap {
     /// comes down.
     #[serde(default)]
     pub device_link: Option<f64>,
+    /// The device's transfers while the device computes.
+    #[serde(default)]
+    pub link: Option<f64>,
 }
 
 /// One edge server.
@@ -226,8 +229,12 @@ impl Measurements {
                 }
                 c.step.check(&|| field(&format!("edge step at cut {}", c.cut)))?;
                 non_negative(|| field(&format!("edge apply seconds at cut {}", c.cut)), c.apply_s)?;
-                let factors =
-                    [("device", c.overlap.device), ("edge", c.overlap.edge), ("device link", c.overlap.device_link)];
+                let factors = [
+                    ("device", c.overlap.device),
+                    ("edge", c.overlap.edge),
+                    ("device link", c.overlap.device_link),
+                    ("link", c.overlap.link),
+                ];
                 for (side, factor) in factors {
                     if let Some(k) = factor {
                         at_least_one(|| field(&format!("{side} overlap factor at cut {}", c.cut)), k)?;

@@ -30,6 +30,17 @@
 //! the slowdown capped at 1 − 1/[`MAX_FACTOR`]. [`fit_factors`] finds both factors from
 //! the same operations by least squares; the edge's step has the device's compute as
 //! its one source (a server's transfers cost its core little).
+//!
+//! And the converse: the device's compute slows its own transfers. Sending and receiving
+//! take the device's CPU too (system calls, the transport's flow control, decoding), and
+//! where that CPU is scarce a transfer waits for it behind the device's compute. On the
+//! benchmark's device of a tenth of a core (a CPU quota of 1 ms every 10 ms, shared by the
+//! compute and the network threads) a frozen device's uploads took 1.6x their time at the
+//! link's rate while it computed its next forward, and each wait for the quota is
+//! several milliseconds (docs/results.md, 6 December). The same model with the roles
+//! swapped: a transfer of `a` seconds at the link's rate, a share `f` of which the
+//! device's compute overlaps, takes a / (1 − f·(1 − 1/k_link)), k_link fitted by
+//! [`fit_factor`] from the concurrent probe's transfers against the device's compute.
 
 use crate::measure::Overlap;
 use serde::{Deserialize, Serialize};
@@ -46,6 +57,11 @@ pub struct OverlapFactors {
     /// docs). Plans written before it was modelled have none: 1.
     #[serde(default = "one")]
     pub device_link: f64,
+    /// The device's transfers (its activation going up, its gradient coming down) while
+    /// the device computes (module docs). Plans written before it was modelled have
+    /// none: 1.
+    #[serde(default = "one")]
+    pub link: f64,
 }
 
 fn one() -> f64 {
@@ -55,7 +71,7 @@ fn one() -> f64 {
 impl Default for OverlapFactors {
     /// 1 each: separate hardware, the other side's work costs nothing.
     fn default() -> OverlapFactors {
-        OverlapFactors { device: 1.0, edge: 1.0, device_link: 1.0 }
+        OverlapFactors { device: 1.0, edge: 1.0, device_link: 1.0, link: 1.0 }
     }
 }
 
@@ -66,12 +82,13 @@ impl OverlapFactors {
             device: measured.device.unwrap_or(self.device),
             edge: measured.edge.unwrap_or(self.edge),
             device_link: measured.device_link.unwrap_or(self.device_link),
+            link: measured.link.unwrap_or(self.link),
         }
     }
 
     /// Whether every factor is 1: nothing is stretched.
     pub fn is_none(&self) -> bool {
-        self.device <= 1.0 && self.edge <= 1.0 && self.device_link <= 1.0
+        self.device <= 1.0 && self.edge <= 1.0 && self.device_link <= 1.0 && self.link <= 1.0
     }
 }
 

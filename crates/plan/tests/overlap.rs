@@ -40,7 +40,11 @@ fn measurements(overlap: Overlap) -> Measurements {
 }
 
 fn model(device: f64, edge: f64) -> CostModel {
-    CostModel { message_bytes: 0, overlap: OverlapFactors { device, edge, device_link: 1.0 }, ..CostModel::default() }
+    CostModel {
+        message_bytes: 0,
+        overlap: OverlapFactors { device, edge, device_link: 1.0, link: 1.0 },
+        ..CostModel::default()
+    }
 }
 
 /// A batch of 4, the device's one layer frozen; M ∈ {1, 2, 4}.
@@ -84,9 +88,9 @@ fn separate_hardware_pipelines_and_a_shared_core_takes_one_big_micro_batch() {
     assert_ms(m4.stages.edge_s, 2.0, "M = 4, mean edge step");
     assert_ms(m4.apart.device_forward_s, 1.0, "M = 4, forward alone");
     assert_ms(m4.apart.edge_s, 1.25, "M = 4, edge step alone");
-    assert_eq!(m4.overlap, OverlapFactors { device: 2.0, edge: 2.0, device_link: 1.0 });
+    assert_eq!(m4.overlap, OverlapFactors { device: 2.0, edge: 2.0, device_link: 1.0, link: 1.0 });
     // The factors the probe measured win over the model's defaults.
-    let measured = Overlap { device: Some(2.0), edge: Some(2.0), device_link: None };
+    let measured = Overlap { device: Some(2.0), edge: Some(2.0), device_link: None, link: None };
     let probed = plan(&model(1.0, 1.0), &measurements(measured), &workload, &space).unwrap();
     assert_eq!(probed.candidates, shared.candidates);
 }
@@ -122,7 +126,7 @@ fn overlap_factors_below_one_are_refused_with_their_field() {
     let (workload, space) = space();
     let e = plan(&model(0.5, 1.0), &measurements(Overlap::default()), &workload, &space).unwrap_err();
     assert!(matches!(e, PlanError::Value { .. }) && e.to_string().contains("default device overlap factor"), "{e}");
-    let bad = Overlap { device: None, edge: Some(f64::NAN), device_link: None };
+    let bad = Overlap { device: None, edge: Some(f64::NAN), device_link: None, link: None };
     let e = plan(&model(1.0, 1.0), &measurements(bad), &workload, &space).unwrap_err();
     assert!(e.to_string().contains("server 0 (edge-a): edge overlap factor at cut 0"), "{e}");
 }
@@ -143,7 +147,7 @@ fn the_device_computes_slower_while_its_link_carries_a_micro_batch() {
     let (workload, _) = space();
     let link_model = |k: f64| CostModel {
         message_bytes: 0,
-        overlap: OverlapFactors { device: 1.0, edge: 1.0, device_link: k },
+        overlap: OverlapFactors { device: 1.0, edge: 1.0, device_link: k, link: 1.0 },
         ..CostModel::default()
     };
     let at = |model: &CostModel, m: &Measurements, micro_batches, mode| {
@@ -171,4 +175,44 @@ fn the_device_computes_slower_while_its_link_carries_a_micro_batch() {
         matches!(e, PlanError::Value { .. }) && e.to_string().contains("default device link overlap factor"),
         "{e}"
     );
+}
+
+#[test]
+fn the_devices_transfers_are_slower_while_it_computes() {
+    let (workload, _) = space();
+    let link_model = |k: f64| CostModel {
+        message_bytes: 0,
+        overlap: OverlapFactors { link: k, ..OverlapFactors::default() },
+        ..CostModel::default()
+    };
+    let at = |model: &CostModel, m: &Measurements, micro_batches, mode| {
+        model.predict(m, &workload, &Candidate { server: 0, cut: 0, micro_batches, mode }).unwrap()
+    };
+    let m = uploading(Overlap::default());
+    // M = 2 (2 samples each: forward 2, upload 2). Factor 2: up0 runs at half speed while
+    // fwd1 computes [2, 4], 1 of its 2 done by 4, alone to 5; up1 [5, 7] with the device
+    // idle: 7, and the mean upload (3 + 2) / 2.
+    assert_ms(at(&link_model(1.0), &m, 2, Mode::Pipelined(None)).step_s, 6.0, "M = 2, factor 1");
+    let slowed = at(&link_model(2.0), &m, 2, Mode::Pipelined(None));
+    assert_ms(slowed.step_s, 7.0, "M = 2, factor 2");
+    assert_ms(slowed.stages.up_s, 2.5, "M = 2, factor 2: mean upload");
+    assert_ms(slowed.apart.up_s, 2.0, "the upload at the link's rate");
+    assert_ms(slowed.stages.device_forward_s, 2.0, "the compute itself is not slowed");
+    // Sequential, or one micro-batch: the device computes while nothing is in flight.
+    assert_ms(at(&link_model(2.0), &m, 2, Mode::Sequential).step_s, 8.0, "sequential, factor 2");
+    assert_ms(at(&link_model(2.0), &m, 1, Mode::Pipelined(None)).step_s, 8.0, "M = 1, factor 2");
+    // M = 4 (1 sample each): fwd k over [k, k + 1]; up0 from 1 at half speed (the device
+    // computes until 4): its 1 ms of work done at 3; up1 from 3, half speed until 4 (0.5
+    // done), alone to 4.5; up2 [4.5, 5.5] and up3 [5.5, 6.5] with the device idle.
+    let m4 = at(&link_model(2.0), &m, 4, Mode::Pipelined(None));
+    assert_ms(m4.step_s, 6.5, "M = 4, factor 2");
+    // The factor the probe measured wins over the default.
+    let measured = uploading(Overlap { link: Some(2.0), ..Overlap::default() });
+    assert_eq!(at(&link_model(1.0), &measured, 2, Mode::Pipelined(None)), slowed);
+    // Below 1 it is refused, naming it; so is a measured one.
+    let e = plan(&link_model(0.5), &m, &workload, &space().1).unwrap_err();
+    assert!(matches!(e, PlanError::Value { .. }) && e.to_string().contains("default link overlap factor"), "{e}");
+    let bad = uploading(Overlap { link: Some(0.5), ..Overlap::default() });
+    let e = plan(&link_model(1.0), &bad, &workload, &space().1).unwrap_err();
+    assert!(e.to_string().contains("link overlap factor at cut 0"), "{e}");
 }

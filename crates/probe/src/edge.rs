@@ -16,7 +16,10 @@
 //! carried a micro-batch (each activation's upload, at the probed uplink rate, from when
 //! it was sent or the one before it had gone; each reply's arrival, at the downlink rate,
 //! until it was in), and [`edgefreeze_plan::fit_factors`] fits both of its factors at
-//! once: its network stack shares its cores.
+//! once: its network stack shares its cores. The converse too: each upload (from when it
+//! was sent to when the edge had it, less a crossing's latency) and each download are
+//! set against the device's compute, and [`edgefreeze_plan::fit_factor`] finds how much
+//! longer than the link's rate says they take while the device computes.
 
 use crate::device::{DeviceLoad, small_like};
 use crate::error::{ProbeError, Result};
@@ -53,6 +56,11 @@ pub struct EdgeProbe<'a> {
     pub timeout: std::time::Duration,
     /// The link to the server as probed: the concurrent probe's transfer times.
     pub link: LinkTimes,
+    /// The device operations the concurrent probe wants at least (see [`MORE`]).
+    pub min_device_ops: usize,
+    /// The probe's budget ends here: no second concurrent session is started that is
+    /// expected to run past it.
+    pub deadline: std::time::Instant,
 }
 
 /// What the edge said at one cut.
@@ -78,12 +86,36 @@ pub struct Concurrent {
     pub device_link: OverlapFit,
     /// The edge's steps against the device's compute.
     pub edge: OverlapFit,
+    /// The device's transfers (each activation's upload, each gradient's download)
+    /// against the device's compute.
+    pub link: OverlapFit,
     /// Seconds it took.
     pub seconds: f64,
+    /// The sessions it ran (2 where the first gave too few device operations).
+    pub sessions: usize,
 }
 
 /// Micro-batches the concurrent probe sends per timed repetition.
 const CONCURRENT_PER_REP: usize = 2;
+
+/// A second concurrent session's micro-batches, at most.
+///
+/// The concurrent probe's first run sends its micro-batches and stops, however few
+/// device operations ran beside them. At a deep cut (the edge's step short, a small
+/// activation on a fast link) and a long device forward, that was a handful: ResNet-20's
+/// frozen device at cut 8 and 100 Mbit/s gave six, from which the device's two factors
+/// came out at 2.17 and 2.84 and the step was predicted 27% long (docs/results.md, 6
+/// December). Where the first run gave fewer than [`EdgeProbe::min_device_ops`], a
+/// second session sends as many more micro-batches as the first run's pace says will
+/// give the rest, up to this many and only if it is expected to end inside the probe's
+/// budget; the fits take both runs' operations.
+pub const MORE: usize = 96;
+
+/// The device operations wanted by default (`ProbeSettings::min_device_ops`). A choice
+/// from one case, not a derived bound: the six operations of the miss above gave
+/// factors that put the step 27% off, and 16 to 22 (with the second session) put it 3%
+/// and 6% off in two runs.
+pub const MIN_DEVICE_OPS: usize = 16;
 
 /// Times the edge step at `cut` on `batches` (activation and labels per size), `reps`
 /// times each size after one untimed micro-batch; then, given the device's `load` at
@@ -94,7 +126,7 @@ pub fn time_cut(
     frozen: bool,
     batches: &[(usize, Value, Value)],
     reps: usize,
-    load: Option<&mut DeviceLoad>,
+    mut load: Option<&mut DeviceLoad>,
 ) -> Result<EdgeCut> {
     let fail = |e: edgefreeze_device::DeviceError| ProbeError::Edge {
         address: probe.address.to_string(),
@@ -112,17 +144,11 @@ pub fn time_cut(
     };
     let concurrent_count = if load.is_some() { CONCURRENT_PER_REP * reps } else { 0 };
     let count = 1 + reps * batches.len() + concurrent_count;
-    let split = SplitSettings { cut, micro_batches: count, sequential: true, recompute: false, freeze_device: frozen };
-    let request = pb::OpenSessionRequest {
-        header: Some(pb::Header::default()),
-        run_id: probe.run_id.clone(),
-        split: Some(split_request(probe.model.to_vec(), &split, probe.loss, probe.optimizer).map_err(fail)?),
-        resume_step: None,
-    };
-    let session = EdgeSession::open(probe.address, probe.credentials.clone(), request, probe.timeout).map_err(fail)?;
+    let session = open(probe, cut, frozen, count, "").map_err(fail)?;
     let header = session.header();
     let state_bytes = session.opened.state_bytes;
-    let result = (|| -> edgefreeze_device::Result<(Vec<Vec<f64>>, Option<Concurrent>, f64)> {
+    let concurrent_started = std::cell::Cell::new(None);
+    let result = (|| -> edgefreeze_device::Result<FirstSession> {
         let mut link = session.stream();
         let mut times = vec![Vec::new(); batches.len()];
         // The edge's compute alone (its step's start to end) at each size, for the
@@ -132,42 +158,21 @@ pub fn time_cut(
         let order = std::iter::once(0).chain((0..reps).flat_map(|_| 0..batches.len()));
         for (i, which) in order.enumerate() {
             let (_, activation, labels) = &batches[which];
-            let tag = Tag { micro_batch: i as u32, ..tag_of(&header) };
-            link.send(Upload {
-                tag: tag.clone(),
-                activation: activation.clone(),
-                labels: labels.clone(),
-                dropout_seed: Some(i as i64),
-                sent_us: now_us(),
-            })?;
-            let reply = link.recv()?;
-            check_reply(&tag, &reply.tag)?;
+            let reply = one_micro_batch(&mut link, &header, i, activation, labels)?;
             if i > 0 {
                 // One micro-batch in flight, so no queueing: from its arrival to its reply.
-                times[which].push((reply.edge.sent_us - reply.edge.received_us).max(0) as f64 * 1e-6);
-                compute[which].push((reply.edge.end_us - reply.edge.start_us).max(0) as f64 * 1e-6);
+                times[which].push((reply.sent_us - reply.received_us).max(0) as f64 * 1e-6);
+                compute[which].push((reply.end_us - reply.start_us).max(0) as f64 * 1e-6);
             }
         }
-        let concurrent = match (load, concurrent_which) {
+        let concurrent = match (load.as_deref_mut(), concurrent_which) {
             (Some(load), Some(which)) => {
+                concurrent_started.set(Some(std::time::Instant::now()));
                 let (_, activation, labels) = &batches[which];
                 let edge_alone_s = crate::device::median(std::mem::take(&mut compute[which]));
                 let first = 1 + reps * batches.len();
-                let upload = |i: usize| Upload {
-                    tag: Tag { micro_batch: i as u32, ..tag_of(&header) },
-                    activation: activation.clone(),
-                    labels: labels.clone(),
-                    dropout_seed: Some(i as i64),
-                    sent_us: now_us(),
-                };
-                // What one micro-batch's transfers take each way at the probed rates
-                // (a frozen device gets no gradient down).
-                let activation_bytes = crate::device::value_bytes(activation) as f64;
-                let up_bytes = activation_bytes + crate::device::value_bytes(labels) as f64;
-                let down_bytes = if frozen { 0.0 } else { activation_bytes };
-                let transfers = (up_bytes / probe.link.up_bytes_per_s, down_bytes / probe.link.down_bytes_per_s);
-                let uploads = (first..first + concurrent_count).map(upload);
-                Some(concurrent(&mut link, load, edge_alone_s, transfers, uploads)?)
+                let uploads = (first..first + concurrent_count).map(|i| upload(&header, i, activation, labels));
+                Some((run_phase(&mut link, load, uploads)?, edge_alone_s))
             }
             _ => None,
         };
@@ -179,12 +184,41 @@ pub fn time_cut(
             Some(per_byte) => state_bytes as f64 * per_byte,
             None => link.timed_update(&Tag { micro_batch: 0, ..tag_of(&header) }, 0.0, false)?.1,
         };
-        Ok((times, concurrent, apply_s))
+        Ok(FirstSession { times, concurrent, apply_s })
     })();
     // Close whatever happened: a probe leaves no session behind.
     let closed = session.close(&header);
-    let (times, concurrent, apply_s) = result.map_err(fail)?;
+    let FirstSession { times, concurrent: first_phase, apply_s } = result.map_err(fail)?;
     closed.map_err(fail)?;
+    let concurrent = match (first_phase, load, concurrent_which) {
+        (Some((phase, edge_alone_s)), Some(load), Some(which)) => {
+            let (_, activation, labels) = &batches[which];
+            // What one micro-batch's transfers take each way at the probed rates (a
+            // frozen device gets no gradient down).
+            let activation_bytes = crate::device::value_bytes(activation) as f64;
+            let up_bytes = activation_bytes + crate::device::value_bytes(labels) as f64;
+            let down_bytes = if frozen { 0.0 } else { activation_bytes };
+            let transfers = (up_bytes / probe.link.up_bytes_per_s, down_bytes / probe.link.down_bytes_per_s);
+            let mut phases = vec![phase];
+            if let Some(more) = more_uploads(&phases[0], probe.min_device_ops, probe.deadline) {
+                let session = open(probe, cut, frozen, 1 + more, "-more").map_err(fail)?;
+                let header = session.header();
+                let second = (|| {
+                    let mut link = session.stream();
+                    one_micro_batch(&mut link, &header, 0, activation, labels)?;
+                    let uploads = (1..=more).map(|i| upload(&header, i, activation, labels));
+                    run_phase(&mut link, load, uploads)
+                })();
+                // Closed with micro-batches of its step still to come: nothing is applied.
+                let closed = session.close(&header);
+                phases.push(second.map_err(fail)?);
+                closed.map_err(fail)?;
+            }
+            let seconds = concurrent_started.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+            Some(fit_phases(&phases, load.samples, edge_alone_s, transfers, probe.link.rtt_s / 2.0, seconds))
+        }
+        _ => None,
+    };
     let points: Vec<(f64, f64)> = batches
         .iter()
         .zip(times)
@@ -201,28 +235,172 @@ pub fn time_cut(
         device: c.device.factor,
         edge: c.edge.factor,
         device_link: c.device_link.factor,
+        link: c.link.factor,
     });
     Ok(EdgeCut { times: EdgeCutTimes { cut, step, apply_s, overlap }, state_bytes, concurrent })
+}
+
+/// What the first session at a cut measured.
+struct FirstSession {
+    /// The edge's times at each size.
+    times: Vec<Vec<f64>>,
+    /// The concurrent probe's run and the edge's compute alone at its size, if it ran.
+    concurrent: Option<(Phase, f64)>,
+    /// The edge's update.
+    apply_s: f64,
+}
+
+/// A probe session of the split at `cut` that takes `count` micro-batches per step, under
+/// the probe's run id with `suffix` (each session its own: an edge that keeps
+/// checkpoints refuses a run id it holds).
+fn open(
+    probe: &EdgeProbe,
+    cut: usize,
+    frozen: bool,
+    count: usize,
+    suffix: &str,
+) -> edgefreeze_device::Result<EdgeSession> {
+    let split = SplitSettings { cut, micro_batches: count, sequential: true, recompute: false, freeze_device: frozen };
+    let request = pb::OpenSessionRequest {
+        header: Some(pb::Header::default()),
+        run_id: format!("{}{suffix}", probe.run_id),
+        split: Some(split_request(probe.model.to_vec(), &split, probe.loss, probe.optimizer)?),
+        resume_step: None,
+    };
+    EdgeSession::open(probe.address, probe.credentials.clone(), request, probe.timeout)
+}
+
+/// Micro-batch `i` of the probe's step.
+fn upload(header: &pb::Header, i: usize, activation: &Value, labels: &Value) -> Upload {
+    Upload {
+        tag: Tag { micro_batch: i as u32, ..tag_of(header) },
+        activation: activation.clone(),
+        labels: labels.clone(),
+        dropout_seed: Some(i as i64),
+        sent_us: now_us(),
+    }
+}
+
+/// Sends micro-batch `i` and waits for its reply: the edge's times of it.
+fn one_micro_batch(
+    link: &mut impl Link,
+    header: &pb::Header,
+    i: usize,
+    activation: &Value,
+    labels: &Value,
+) -> edgefreeze_device::Result<EdgeTimes> {
+    let up = upload(header, i, activation, labels);
+    let tag = up.tag.clone();
+    link.send(up)?;
+    let reply = link.recv()?;
+    check_reply(&tag, &reply.tag)?;
+    Ok(reply.edge)
 }
 
 /// Micro-batches in flight in the concurrent probe: the edge has the next one while it
 /// replies to this one.
 const CONCURRENT_WINDOW: usize = 2;
 
-/// The concurrent probe (module docs): `uploads` to the edge, [`CONCURRENT_WINDOW`] in
-/// flight, while `load` computes on a thread of its own from before the first is sent
-/// until the last reply is in; `edge_alone_s` is the edge's compute for this micro-batch
-/// size alone, `transfers` the seconds of one upload and one download.
-fn concurrent(
-    link: &mut impl Link,
-    load: &mut DeviceLoad,
+/// One run of the concurrent probe, on the device's clock (µs).
+struct Phase {
+    /// The device's timed operations: time alone, start, end.
+    device_ops: Vec<(f64, i64, i64)>,
+    /// When the device computed at all, its untimed first operations included.
+    device_busy: Vec<(i64, i64)>,
+    /// The micro-batches' round trips.
+    exchanges: Vec<Exchange>,
+}
+
+/// How many micro-batches a second concurrent session should send so that, at the first
+/// run's pace, the device's operations reach `wanted`; `None` when the first gave
+/// enough, or a second is not expected to end before `deadline` ([`MORE`]).
+fn more_uploads(first: &Phase, wanted: usize, deadline: std::time::Instant) -> Option<usize> {
+    let have = first.device_ops.len();
+    if have >= wanted || first.exchanges.is_empty() {
+        return None;
+    }
+    let span = |a: i64, b: i64| (b - a).max(1) as f64 * 1e-6;
+    let (start, end) = (first.exchanges[0].sent_us, first.exchanges.iter().map(|e| e.received_us).max()?);
+    let per_upload = span(start, end) / first.exchanges.len() as f64;
+    // A device operation's length, its untimed first ones included; one at least, as
+    // long as the whole run, where none was timed.
+    let per_op = match have {
+        0 => span(start, end),
+        _ => first.device_ops.iter().map(|&(_, s, e)| span(s, e)).sum::<f64>() / have as f64,
+    };
+    let more = ((wanted - have) as f64 * per_op / per_upload).ceil() as usize + CONCURRENT_WINDOW + 1;
+    let more = more.min(MORE);
+    let expected = std::time::Duration::from_secs_f64(more as f64 * per_upload + 1.0);
+    (std::time::Instant::now() + expected <= deadline).then_some(more)
+}
+
+/// The fits over every run of the concurrent probe (module docs): `edge_alone_s` is the
+/// edge's compute for this micro-batch size alone, `transfers` the seconds of one upload
+/// and one download at the link's rates, `crossing_s` a crossing's latency. Each run is
+/// on its own clock offset (the edge's timestamps aligned by that run's exchanges) and
+/// laid after the one before, well apart, so that no operation of one run overlaps
+/// anything of another.
+fn fit_phases(
+    phases: &[Phase],
+    samples: usize,
     edge_alone_s: f64,
     transfers: (f64, f64),
+    crossing_s: f64,
+    seconds: f64,
+) -> Concurrent {
+    let (mut device, mut edge, mut moved) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut edge_busy, mut device_busy, mut link_busy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut shift = 0.0;
+    for phase in phases {
+        let theta = edgefreeze_device::stages::edge_offset_us(&phase.exchanges);
+        let origin = phase.device_busy.first().map_or(0, |o| o.0);
+        let secs = |us: i64| shift + (us - origin) as f64 * 1e-6;
+        let run_edge: Vec<(f64, f64)> =
+            phase.exchanges.iter().map(|e| (secs(e.edge.start_us - theta), secs(e.edge.end_us - theta))).collect();
+        edge.extend(run_edge.iter().map(|&(start_s, end_s)| TimedOp { alone_s: edge_alone_s, start_s, end_s }));
+        edge_busy.extend(run_edge);
+        device_busy.extend(phase.device_busy.iter().map(|&(s, e)| (secs(s), secs(e))));
+        device.extend(phase.device_ops.iter().map(|&(alone_s, s, e)| TimedOp {
+            alone_s,
+            start_s: secs(s),
+            end_s: secs(e),
+        }));
+        link_busy.extend(link_intervals(&phase.exchanges, transfers).into_iter().map(|(s, e)| (secs(s), secs(e))));
+        moved.extend(
+            transfers_as_run(&phase.exchanges, theta, transfers, crossing_s)
+                .into_iter()
+                .map(|(alone_s, s, e)| TimedOp { alone_s, start_s: secs(s), end_s: secs(e) }),
+        );
+        let last =
+            [&edge_busy, &device_busy, &link_busy].iter().flat_map(|b| b.iter().map(|i| i.1)).fold(shift, f64::max);
+        shift = last + RUNS_APART_S;
+    }
+    let link_busy = union(link_busy);
+    let [device_fit, device_link] = fit_factors(&device, &edge_busy, &link_busy);
+    Concurrent {
+        samples,
+        device: device_fit,
+        device_link,
+        edge: fit_factor(&edge, &device_busy),
+        link: fit_factor(&moved, &device_busy),
+        seconds,
+        sessions: phases.len(),
+    }
+}
+
+/// Seconds between two concurrent runs laid on one time axis: more than any operation.
+const RUNS_APART_S: f64 = 1e6;
+
+/// One concurrent run: `uploads` to the edge, [`CONCURRENT_WINDOW`] in flight, while
+/// `load` computes on a thread of its own from before the first is sent until the last
+/// reply is in.
+fn run_phase(
+    link: &mut impl Link,
+    load: &mut DeviceLoad,
     uploads: impl Iterator<Item = Upload>,
-) -> edgefreeze_device::Result<Concurrent> {
-    let started = std::time::Instant::now();
+) -> edgefreeze_device::Result<Phase> {
     let stop = AtomicBool::new(false);
-    let (device_ops, exchanges) = std::thread::scope(|scope| {
+    let (DeviceRun { ops: device_ops, busy: device_busy }, exchanges) = std::thread::scope(|scope| {
         let worker = scope.spawn(|| device_loop(load, &stop));
         let exchanged = exchange(link, uploads);
         stop.store(true, Ordering::Relaxed);
@@ -230,27 +408,36 @@ fn concurrent(
             worker.join().map_err(|_| DeviceError::Config("the concurrent probe's device thread panicked".into()));
         Ok::<_, DeviceError>((ops??, exchanged?))
     })?;
-    // Everything on the device's clock, in seconds from the first operation.
-    let theta = edgefreeze_device::stages::edge_offset_us(&exchanges);
-    let origin = device_ops.first().map_or(0, |o| o.1);
-    let secs = |us: i64| (us - origin) as f64 * 1e-6;
-    let edge_busy: Vec<(f64, f64)> =
-        exchanges.iter().map(|e| (secs(e.edge.start_us - theta), secs(e.edge.end_us - theta))).collect();
-    let device_busy: Vec<(f64, f64)> = device_ops.iter().map(|&(_, s, e)| (secs(s), secs(e))).collect();
-    let link_busy = link_intervals(&exchanges, transfers).into_iter().map(|(s, e)| (secs(s), secs(e))).collect();
-    let link_busy = union(link_busy);
-    let device: Vec<TimedOp> =
-        device_ops.iter().map(|&(alone_s, s, e)| TimedOp { alone_s, start_s: secs(s), end_s: secs(e) }).collect();
-    let edge: Vec<TimedOp> =
-        edge_busy.iter().map(|&(start_s, end_s)| TimedOp { alone_s: edge_alone_s, start_s, end_s }).collect();
-    let [device_fit, device_link] = fit_factors(&device, &edge_busy, &link_busy);
-    Ok(Concurrent {
-        samples: load.samples,
-        device: device_fit,
-        device_link,
-        edge: fit_factor(&edge, &device_busy),
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(Phase { device_ops, device_busy, exchanges })
+}
+
+/// Each exchange's transfers as they ran (µs on the device's clock), with their seconds at
+/// the link's rates (`transfers`): the upload from when it was sent, or the one before
+/// it had arrived (the link carries one at a time), until the edge had it, less a
+/// crossing's latency (`crossing_s`); the download from a crossing's latency after the
+/// edge sent it, or the one before it had arrived, until the device had it. A frozen
+/// device's replies carry no gradient (no download is timed).
+fn transfers_as_run(
+    exchanges: &[Exchange],
+    theta: i64,
+    transfers: (f64, f64),
+    crossing_s: f64,
+) -> Vec<(f64, i64, i64)> {
+    let crossing = (crossing_s * 1e6).round() as i64;
+    let (mut up_free, mut down_free) = (i64::MIN, i64::MIN);
+    let mut ops = Vec::with_capacity(2 * exchanges.len());
+    for e in exchanges {
+        let start = e.sent_us.max(up_free);
+        let end = e.edge.received_us - theta - crossing;
+        ops.push((transfers.0, start, end));
+        up_free = end.max(start);
+        if transfers.1 > 0.0 {
+            let start = (e.edge.sent_us - theta + crossing).max(down_free);
+            ops.push((transfers.1, start, e.received_us));
+            down_free = e.received_us.max(start);
+        }
+    }
+    ops
 }
 
 /// When the device's link carried each exchange's micro-batch (µs on the device's clock):
@@ -270,22 +457,39 @@ fn link_intervals(exchanges: &[Exchange], transfers: (f64, f64)) -> Vec<(i64, i6
     intervals
 }
 
-/// The device's forward and backward of `load`'s micro-batch over and over until `stop`:
-/// each operation's time alone, start and end (µs on the device's clock).
-fn device_loop(load: &mut DeviceLoad, stop: &AtomicBool) -> edgefreeze_device::Result<Vec<(f64, i64, i64)>> {
-    let mut ops = Vec::new();
+/// The device's operations in a concurrent run (µs on the device's clock).
+struct DeviceRun {
+    /// The timed ones: time alone, start, end.
+    ops: Vec<(f64, i64, i64)>,
+    /// Every one's interval.
+    busy: Vec<(i64, i64)>,
+}
+
+/// The device's forward and backward of `load`'s micro-batch over and over until `stop`.
+/// The first forward and backward are not timed: they run on a thread just started and
+/// pay for what a fresh thread sets up first (the engine's thread-local scratch, cold
+/// caches), which the pipeline's long-lived device thread does not; they still count as
+/// the device computing.
+fn device_loop(load: &mut DeviceLoad, stop: &AtomicBool) -> edgefreeze_device::Result<DeviceRun> {
+    let (mut ops, mut busy) = (Vec::new(), Vec::new());
+    let mut timed = false;
     while !stop.load(Ordering::Relaxed) {
         let start = now_us();
         let (activation, stash) = load.device.forward(&load.batch)?;
-        ops.push((load.forward_s, start, now_us()));
+        let mut done = vec![(load.forward_s, start, now_us())];
         if !load.frozen {
             let grad = small_like(&activation);
             let start = now_us();
             load.device.backward(stash, grad, 1.0)?;
-            ops.push((load.backward_s, start, now_us()));
+            done.push((load.backward_s, start, now_us()));
         }
+        busy.extend(done.iter().map(|&(_, s, e)| (s, e)));
+        if timed {
+            ops.extend(done);
+        }
+        timed = true;
     }
-    Ok(ops)
+    Ok(DeviceRun { ops, busy })
 }
 
 /// Sends `uploads` with [`CONCURRENT_WINDOW`] in flight and collects each reply's times.
@@ -310,4 +514,40 @@ fn exchange(link: &mut impl Link, uploads: impl Iterator<Item = Upload>) -> edge
         exchanges.push(Exchange { step: tag.step, micro_batch: tag.micro_batch, sent_us, received_us, edge });
     }
     Ok(exchanges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exchange(sent_us: i64, edge: [i64; 4], received_us: i64) -> Exchange {
+        let [received, start, end, sent] = edge;
+        Exchange {
+            step: 0,
+            micro_batch: 0,
+            sent_us,
+            received_us,
+            edge: EdgeTimes { received_us: received, start_us: start, end_us: end, sent_us: sent },
+        }
+    }
+
+    #[test]
+    fn transfers_run_from_their_send_or_the_one_before_to_their_arrival_less_the_latency() {
+        // The edge's clock 1 000 µs ahead; a crossing takes 100 µs. Micro-batch 0 sent at
+        // 0, at the edge (its clock) at 1 600: its upload [0, 500]. Micro-batch 1 sent at
+        // 100 but behind 0 until 500, at the edge at 2 400: [500, 1 300]. Replies: 0 sent
+        // by the edge at 2 000 (its clock), in at 1 400: [1 100, 1 400]; 1 sent at 2 500,
+        // in at 1 900, after 0's arrival: [1 600, 1 900].
+        let exchanges =
+            [exchange(0, [1_600, 1_700, 1_900, 2_000], 1_400), exchange(100, [2_400, 2_400, 2_450, 2_500], 1_900)];
+        let ops = transfers_as_run(&exchanges, 1_000, (0.0004, 0.0002), 100e-6);
+        assert_eq!(ops, vec![(0.0004, 0, 500), (0.0002, 1_100, 1_400), (0.0004, 500, 1_300), (0.0002, 1_600, 1_900)]);
+        // A frozen device's replies carry no gradient: uploads only. And a download that
+        // arrives before the one ahead of it is through starts when that one is in.
+        let ops = transfers_as_run(&exchanges, 1_000, (0.0004, 0.0), 100e-6);
+        assert_eq!(ops, vec![(0.0004, 0, 500), (0.0004, 500, 1_300)]);
+        let queued =
+            [exchange(0, [1_600, 1_700, 1_900, 2_000], 1_400), exchange(100, [2_400, 2_400, 2_450, 2_050], 1_500)];
+        assert_eq!(transfers_as_run(&queued, 1_000, (0.0004, 0.0002), 100e-6)[3], (0.0002, 1_400, 1_500));
+    }
 }

@@ -79,6 +79,10 @@ pub struct ProbeSettings {
     /// Whether to run the concurrent probe at each (server, cut) (without it, the cost
     /// model's default overlap factors apply).
     pub concurrent: bool,
+    /// The device operations the concurrent probe wants at least at each (server, cut):
+    /// where its run gave fewer, a second session runs more micro-batches
+    /// ([`edge::MORE`]).
+    pub min_device_ops: usize,
 }
 
 impl ProbeSettings {
@@ -102,6 +106,7 @@ impl ProbeSettings {
             timeout: Duration::from_secs(30),
             apply_bytes_per_s: None,
             concurrent: true,
+            min_device_ops: edge::MIN_DEVICE_OPS,
         }
     }
 
@@ -290,6 +295,8 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
                 apply_s_per_byte,
                 timeout: settings.timeout,
                 link: server.link,
+                min_device_ops: settings.min_device_ops,
+                deadline,
             };
             let batches: Vec<(usize, Value, Value)> = c
                 .activations

@@ -5,7 +5,7 @@
 use edgefreeze_edge::{EdgeConfig, EdgeServer};
 use edgefreeze_engine::EngineOptions;
 use edgefreeze_plan::{CostModel, Overlap, OverlapFactors, Space, Workload, plan};
-use edgefreeze_probe::{ProbeError, ProbeSettings, Target, probe};
+use edgefreeze_probe::{ProbeError, ProbeSettings, Target, edge, probe};
 use edgefreeze_shaper::{Shape, Shaper};
 use edgefreeze_wire::auth::{Credentials, TokenTable};
 use std::path::PathBuf;
@@ -110,19 +110,24 @@ fn the_concurrent_probe_runs_the_device_beside_the_edge_at_every_cut() {
         // Six micro-batches (two per repetition) went to the edge, and the device computed
         // from before the first was sent until the last reply was in: the edge's steps ran
         // beside the device's compute for most of their time (the rest is the device
-        // thread between two operations, or not yet started).
-        assert_eq!(f.edge.ops, 6, "{f:?}");
+        // thread between two operations, or not yet started). Where the device's timed
+        // operations were fewer than wanted, a second session sent more.
+        match f.sessions {
+            1 => assert!(f.edge.ops == 6 && f.device.ops >= edge::MIN_DEVICE_OPS, "{f:?}"),
+            2 => assert!(f.edge.ops > 6, "{f:?}"),
+            _ => panic!("{f:?}"),
+        }
         assert!(f.edge.mean_fraction > 0.5, "{f:?}");
         assert!(f.device.ops >= 2 && f.device.mean_fraction > 0.0, "{f:?}");
         assert_eq!(f.device_link.ops, f.device.ops, "fitted together");
-        for k in [f.device.factor, f.edge.factor, f.device_link.factor].into_iter().flatten() {
+        for k in [f.device.factor, f.edge.factor, f.device_link.factor, f.link.factor].into_iter().flatten() {
             assert!((1.0..=edgefreeze_plan::overlap::MAX_FACTOR).contains(&k), "{f:?}");
         }
         // What the planner reads is what the probe found.
         let times = m.servers[0].at(c.cut).unwrap();
         assert_eq!(
-            (times.overlap.device, times.overlap.edge, times.overlap.device_link),
-            (f.device.factor, f.edge.factor, f.device_link.factor)
+            (times.overlap.device, times.overlap.edge, times.overlap.device_link, times.overlap.link),
+            (f.device.factor, f.edge.factor, f.device_link.factor, f.link.factor)
         );
     }
     // The probe sessions are gone.
@@ -131,10 +136,33 @@ fn the_concurrent_probe_runs_the_device_beside_the_edge_at_every_cut() {
     let apart = probe(&model(), &[target(address)], &ProbeSettings { concurrent: false, ..settings() }).unwrap();
     assert!(apart.concurrent.is_empty());
     assert!(apart.measurements.servers[0].cuts.iter().all(|c| c.overlap == Overlap::default()));
-    let model =
-        CostModel { overlap: OverlapFactors { device: 1.5, edge: 2.0, device_link: 1.25 }, ..CostModel::default() };
+    let model = CostModel {
+        overlap: OverlapFactors { device: 1.5, edge: 2.0, device_link: 1.25, link: 1.5 },
+        ..CostModel::default()
+    };
     let p = plan(&model, &apart.measurements, &Workload { batch: 64, frozen_layers: 0 }, &Space::default()).unwrap();
     assert!(p.candidates.iter().all(|c| c.overlap == model.overlap));
+    runtime.block_on(server.shutdown()).unwrap();
+}
+
+#[test]
+fn too_few_device_operations_get_a_second_concurrent_session() {
+    let (address, runtime, server) = edge_server();
+    // Far more device operations wanted than six micro-batches give: a second session
+    // sends more, at most `edge::MORE`, and both runs' operations are fitted.
+    let s = ProbeSettings { cuts: Some(vec![1]), min_device_ops: 10_000, ..settings() };
+    let report = probe(&model(), &[target(address.clone())], &s).unwrap();
+    let [c] = &report.concurrent[..] else { panic!("{:?}", report.concurrent) };
+    let f = &c.found;
+    assert_eq!(f.sessions, 2, "{f:?}");
+    assert!(f.edge.ops > 6 && f.edge.ops <= 6 + edge::MORE, "{f:?}");
+    assert!(f.edge.mean_fraction > 0.5, "{f:?}");
+    let first_run_only = probe(&model(), &[target(address)], &ProbeSettings { min_device_ops: 0, ..s }).unwrap();
+    let g = &first_run_only.concurrent[0].found;
+    assert_eq!((g.sessions, g.edge.ops), (1, 6), "{g:?}");
+    assert!(f.device.ops > g.device.ops, "{f:?} against {g:?}");
+    // Both sessions are gone, the second closed with its step unfinished.
+    assert!(server.sessions().is_empty(), "{:?}", server.sessions().len());
     runtime.block_on(server.shutdown()).unwrap();
 }
 
