@@ -308,3 +308,48 @@ fn the_inputs_of_relu_clip_and_batchnorm_are_not_kept() {
     // ResNet-20 alone has 19 BatchNorm-ReLU pairs: the check must have found them.
     assert!(checked >= 40, "only {checked} inputs checked");
 }
+
+/// A GELU spelled out with `Erf` keeps its input alone, as PyTorch's GELU does, and a
+/// LayerNormalization x̂ and σ: neither x/√2 nor 1 + erf(x/√2), nor the centred input of
+/// a LayerNormalization, outlives the forward pass (they did when each op's own rule ran).
+#[test]
+fn gelu_and_layer_norm_keep_what_their_backward_needs() {
+    let (mut gelus, mut norms) = (0, 0);
+    for (path, model) in bundled_and_zoo_models() {
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
+        let step = &artifacts.train_step.graph;
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(step).unwrap();
+        for erf in model.graph.nodes.iter().filter(|n| n.op_type == "Erf") {
+            let plus_one = model.graph.nodes.iter().find(|n| n.inputs.contains(&erf.outputs[0])).unwrap();
+            for value in [&erf.inputs[0], &erf.outputs[0], &plus_one.outputs[0]] {
+                let kept = saved.iter().find(|s| &s.value == value);
+                assert!(kept.is_none(), "{path}: the GELU of {} keeps {value}: {kept:?}", erf.name);
+            }
+            gelus += 1;
+        }
+        for ln in model.graph.nodes.iter().filter(|n| n.op_type == "LayerNormalization") {
+            // The spelled-out forward's nodes are named after the node; of their values
+            // the backward reads x̂ (a Div) and σ (a Sqrt) only, besides the output (the
+            // next layer's input, which that layer's gradient reads).
+            let group: Vec<&str> = step
+                .nodes
+                .iter()
+                .filter(|n| n.name.starts_with(&format!("{}/", ln.name)))
+                .flat_map(|n| n.outputs.iter().map(String::as_str))
+                .filter(|v| *v != ln.outputs[0])
+                .collect();
+            assert!(!group.is_empty(), "{path}: no nodes named after {}", ln.name);
+            let kept: Vec<_> = saved.iter().filter(|s| group.contains(&s.value.as_str())).collect();
+            let producers: Vec<&str> = kept.iter().map(|s| s.producer.as_str()).collect();
+            assert!(
+                producers.len() == 2 && producers.contains(&"Div") && producers.contains(&"Sqrt"),
+                "{path}: {} keeps {kept:#?}",
+                ln.name
+            );
+            norms += 1;
+        }
+    }
+    // The bundled Transformer has two GELUs and five LayerNormalizations; the zoo's
+    // encoders, Swin and ConvNeXt more.
+    assert!(gelus >= 4 && norms >= 10, "only {gelus} GELUs and {norms} LayerNormalizations checked");
+}

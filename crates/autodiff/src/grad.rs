@@ -28,6 +28,36 @@ pub enum CompositeRule {
     /// A training-mode BatchNormalization, differentiated by
     /// [`rules::batch_norm_training`].
     BatchNorm(BatchNormSaved),
+    /// A LayerNormalization spelled out for training, differentiated by
+    /// [`rules::layer_norm_training`] from x̂ and σ (the chain of its primitive ops' rules
+    /// also kept the centred input).
+    LayerNorm(LayerNormSaved),
+    /// GELU spelled out with `Erf`, x·½·(1 + erf(x/√2)) (as both PyTorch exporters write
+    /// it before opset 20), differentiated from x alone by [`rules::gelu_erf`] (the chain
+    /// of its ops' rules kept x/√2 and 1 + erf(x/√2) besides x).
+    Gelu {
+        /// The input.
+        x: String,
+    },
+}
+
+/// What a LayerNormalization's backward reads from its forward.
+#[derive(Debug, Clone)]
+pub struct LayerNormSaved {
+    /// Input.
+    pub x: String,
+    /// Scale, shaped like the normalised axes.
+    pub scale: String,
+    /// Bias, shaped like the normalised axes, if the node has one.
+    pub bias: Option<String>,
+    /// x̂ = (x − mean) / σ, shaped like x.
+    pub normalized: String,
+    /// σ = √(var + eps) with the normalised axes kept.
+    pub std: String,
+    /// The normalised axes (the last ones).
+    pub axes: Vec<i64>,
+    /// The axes before them, over which the scale's and the bias's gradients sum.
+    pub leading: Vec<i64>,
 }
 
 /// What a training-mode BatchNormalization's backward reads from its forward.
@@ -54,6 +84,10 @@ impl CompositeRule {
     fn inputs(&self) -> Vec<&str> {
         match self {
             CompositeRule::BatchNorm(bn) => vec![bn.x.as_str(), bn.scale.as_str(), bn.bias.as_str()],
+            CompositeRule::LayerNorm(ln) => {
+                [ln.x.as_str(), ln.scale.as_str()].into_iter().chain(ln.bias.as_deref()).collect()
+            }
+            CompositeRule::Gelu { x } => vec![x.as_str()],
         }
     }
 }
@@ -171,10 +205,12 @@ pub fn backward(
             let dy = accumulate(emitter, parts);
             let inputs = composite.rule.inputs();
             let needs: Vec<bool> = inputs.iter().map(|v| need(v)).collect();
-            let input_grads = match &composite.rule {
+            let input_grads: Vec<Option<String>> = match &composite.rule {
                 CompositeRule::BatchNorm(bn) => {
-                    rules::batch_norm_training(emitter, bn, &dy, [needs[0], needs[1], needs[2]])
+                    rules::batch_norm_training(emitter, bn, &dy, [needs[0], needs[1], needs[2]]).to_vec()
                 }
+                CompositeRule::LayerNorm(ln) => rules::layer_norm_training(emitter, ln, &dy, &needs),
+                CompositeRule::Gelu { x } => vec![needs[0].then(|| rules::gelu_erf(emitter, x, &dy))],
             };
             for ((input, grad), need) in inputs.iter().zip(input_grads).zip(needs) {
                 if let (Some(g), true) = (grad, need) {

@@ -5,11 +5,11 @@
 
 use crate::emit::Emitter;
 use crate::error::{AutodiffError, Result};
-use crate::grad::{BatchNormSaved, Composite, CompositeRule};
+use crate::grad::{BatchNormSaved, Composite, CompositeRule, LayerNormSaved};
 use crate::rules;
 use edgefreeze_graph::infer::Inference;
 use edgefreeze_graph::ir::{Attribute, Node};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Name of the scalar int64 input that seeds dropout masks.
 pub const DROPOUT_SEED: &str = "dropout_seed";
@@ -23,7 +23,7 @@ pub struct TrainingForward {
     /// Whether the nodes read [`DROPOUT_SEED`].
     pub uses_dropout_seed: bool,
     /// Groups of these nodes the reverse pass differentiates as one (training-mode
-    /// BatchNormalizations).
+    /// BatchNormalizations and LayerNormalizations, GELUs spelled out with `Erf`).
     pub composites: Vec<Composite>,
 }
 
@@ -40,7 +40,7 @@ pub fn rewrite_for_training(
     let mut out = Vec::with_capacity(nodes.len());
     let mut running_updates = Vec::new();
     let mut uses_dropout_seed = false;
-    let mut composites = Vec::new();
+    let mut composites = gelu_groups(nodes, types);
     for node in nodes {
         emitter.set_prefix(&node.name);
         if inference.contains(&node.name) && rewrite_for_inference(node, types, emitter)? {
@@ -51,7 +51,7 @@ pub fn rewrite_for_training(
             "BatchNormalization" => {
                 composites.push(batch_norm(node, types, emitter, &mut running_updates)?);
             }
-            "LayerNormalization" => layer_norm(node, types, emitter)?,
+            "LayerNormalization" => composites.extend(layer_norm(node, types, emitter)?),
             "Dropout" => {
                 uses_dropout_seed |= dropout(node, types, emitter)?;
             }
@@ -211,7 +211,10 @@ pub fn batch_norm_inference(node: &Node, types: &Inference, e: &mut Emitter) -> 
     Ok(())
 }
 
-fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
+/// Emits a LayerNormalization spelled out for training, and the composite through which
+/// the reverse pass differentiates it where the scale and bias have the normalised axes'
+/// known shape (as the operator requires); otherwise (`None`) its ops' own rules do.
+fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<Option<Composite>> {
     let x = node.input(0).unwrap_or_default().to_string();
     let rank = rank_of(node, types, &x)?;
     let axis = node.attr_int("axis", -1)?;
@@ -223,14 +226,115 @@ fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
         return Err(AutodiffError::node(node, "the Mean and InvStdDev outputs are not supported in training"));
     }
     let axes: Vec<i64> = (axis..rank as i64).collect();
-    let (normalized, _, _, _) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
+    let first = e.nodes.len();
+    let (normalized, _, _, std) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
     let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
-    let scaled = e.mul(&normalized, node.input(1).unwrap_or_default());
-    match node.input(2) {
+    let scale = node.input(1).unwrap_or_default().to_string();
+    let bias = node.input(2).map(String::from);
+    let scaled = e.mul(&normalized, &scale);
+    match &bias {
         Some(bias) => e.op_into("Add", &[&scaled, bias], &[y], vec![]),
         None => e.op_into("Identity", &[&scaled], &[y], vec![]),
     }
-    Ok(())
+    // Known sizes of `name`'s axes from `from` on (x's leading axes hold the batch).
+    let fixed = |name: &str, from: usize| -> Option<Vec<usize>> {
+        types.types.get(name)?.shape.as_ref()?.get(from..)?.iter().map(|d| d.fixed()).collect()
+    };
+    let normalised_shape = fixed(&x, axis as usize);
+    let shaped = |name: &str| normalised_shape.is_some() && fixed(name, 0) == normalised_shape;
+    if !(shaped(&scale) && bias.as_deref().is_none_or(shaped)) {
+        return Ok(None);
+    }
+    let inner: HashSet<String> =
+        e.nodes[first..].iter().flat_map(|n| n.outputs.iter().cloned()).filter(|o| o != y).collect();
+    Ok(Some(Composite {
+        output: y.to_string(),
+        inner,
+        rule: CompositeRule::LayerNorm(LayerNormSaved {
+            x,
+            scale,
+            bias,
+            normalized,
+            std,
+            axes,
+            leading: (0..axis).collect(),
+        }),
+    }))
+}
+
+/// GELUs spelled out with `Erf`, x·½·(1 + erf(x/√2)), as the reverse pass's composites
+/// ([`CompositeRule::Gelu`]). Both PyTorch exporters write it so before opset 20, in two
+/// orders: `Mul(Mul(x, 1 + erf), ½)` (TorchScript) and `Mul(x, Mul(½, 1 + erf))` (dynamo),
+/// x/√2 as `Div(x, √2)` or `Mul(x, 1/√2)`, operands either way round. A group is taken
+/// only where each of its inner values has exactly one reader, the next node of the
+/// chain, so that no gradient reaches it from outside.
+fn gelu_groups(nodes: &[Node], types: &Inference) -> Vec<Composite> {
+    let mut producer: HashMap<&str, &Node> = HashMap::new();
+    let mut readers: HashMap<&str, Vec<&Node>> = HashMap::new();
+    for n in nodes {
+        for o in n.outputs.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o, n);
+        }
+        for i in n.inputs.iter().filter(|i| !i.is_empty()) {
+            readers.entry(i).or_default().push(n);
+        }
+    }
+    let is = |name: &str, want: f64| {
+        types
+            .constants
+            .get(name)
+            .and_then(|t| t.to_f64_vec())
+            .is_some_and(|v| v.len() == 1 && (v[0] - want).abs() <= 1e-6 * want.abs())
+    };
+    // The one reader of `value`, if it is of `op_type` with two inputs.
+    let only_reader = |value: &str, op_type: &str| -> Option<&Node> {
+        match readers.get(value).map(Vec::as_slice) {
+            Some([n]) if n.op_type == op_type && n.inputs.len() == 2 => Some(*n),
+            _ => None,
+        }
+    };
+    // The operand of a two-input node that is not `value`.
+    let other = |n: &Node, value: &str| -> Option<String> {
+        match (n.inputs[0].as_str(), n.inputs[1].as_str()) {
+            (a, b) if a == value => Some(b.to_string()),
+            (a, b) if b == value => Some(a.to_string()),
+            _ => None,
+        }
+    };
+    let mut groups = Vec::new();
+    for erf in nodes.iter().filter(|n| n.op_type == "Erf" && n.inputs.len() == 1 && n.outputs.len() == 1) {
+        let found = (|| -> Option<Composite> {
+            let u = erf.inputs[0].as_str();
+            let scaled_by = producer.get(u)?;
+            let x = match (scaled_by.op_type.as_str(), scaled_by.inputs.as_slice()) {
+                ("Div", [x, c]) if is(c.as_str(), std::f64::consts::SQRT_2) => x.clone(),
+                ("Mul", [a, b]) if is(b.as_str(), std::f64::consts::FRAC_1_SQRT_2) => a.clone(),
+                ("Mul", [a, b]) if is(a.as_str(), std::f64::consts::FRAC_1_SQRT_2) => b.clone(),
+                _ => return None,
+            };
+            let erf_out = erf.outputs[0].as_str();
+            let plus_one = only_reader(erf_out, "Add")?;
+            if !is(other(plus_one, erf_out)?.as_str(), 1.0) {
+                return None;
+            }
+            let t = plus_one.outputs.first()?.as_str();
+            let next = only_reader(t, "Mul")?;
+            let partner = other(next, t)?;
+            let mid = next.outputs.first()?.as_str();
+            let last = only_reader(mid, "Mul")?;
+            let rest = other(last, mid)?;
+            // x·t then ·½, or ½·t then ·x.
+            let halves = (partner == x && is(rest.as_str(), 0.5)) || (is(partner.as_str(), 0.5) && rest == x);
+            if !halves || readers.get(u).map_or(0, Vec::len) != 1 {
+                return None;
+            }
+            let output = last.outputs.first()?.clone();
+            let inner = [u, erf_out, t, mid].into_iter().map(String::from).collect();
+            Some(Composite { output, inner, rule: CompositeRule::Gelu { x } })
+        })();
+        groups.extend(found);
+    }
+    groups
 }
 
 /// The ratio of a Dropout and whether it is in training mode. Opset 12 on takes both as

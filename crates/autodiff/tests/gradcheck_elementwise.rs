@@ -104,3 +104,73 @@ fn matmul_batched_and_broadcast() {
     check(op("MatMul"), vec![param(&mut rng, &[2, 1, 3, 4]), param(&mut rng, &[3, 4, 2])], 17);
     check(op("MatMul"), vec![param(&mut rng, &[3, 4]), param(&mut rng, &[2, 4, 2])], 17);
 }
+
+/// GELU spelled out with `Erf` as the PyTorch exporters write it before opset 20 —
+/// TorchScript's `Mul(Mul(x, 1 + erf(x/√2)), ½)`, dynamo's `Mul(x, Mul(½, 1 + erf(x/√2)))`,
+/// and x/√2 written as a product — is differentiated as one group from x alone
+/// (`CompositeRule::Gelu`): its gradient against central differences, and the group's rule
+/// is the one that ran (the backward keeps neither x/√2 nor 1 + erf). A chain whose
+/// 1 + erf is also read elsewhere is not grouped. (With x/√2 as a product, the rule's own
+/// `Mul(x, 1/√2)`, `Erf` and `+ 1` are the forward's nodes, and the graph's shared
+/// subexpressions are merged: that backward reads the forward's 1 + erf(x/√2) instead of
+/// computing it again, two values kept where the ops' rules kept three.)
+#[test]
+fn gelu_spelled_out_with_erf_is_one_group_in_every_exporters_order() {
+    use edgefreeze_autodiff::{Loss, gradient_graph};
+    use edgefreeze_graph::ir::{Graph, Model, ValueInfo};
+    use edgefreeze_graph::{DataType, Tensor, prepare};
+    let model = |dynamo: bool, product: bool, leak: bool| -> Model {
+        let mut rng = Rng::new(10);
+        let mut g = Graph { name: "gelu".into(), ..Default::default() };
+        g.initializers.insert(
+            "x".into(),
+            Tensor::from_f64_as(DataType::Float64, vec![2, 5], &rng.values(10, -3.0, 3.0)).unwrap(),
+        );
+        let constant = |name: &str, dims: Vec<usize>, v: &[f64]| {
+            Node::new(format!("c_{name}"), "Constant", &[], &[name])
+                .with_attr("value", Attribute::Tensor(Tensor::from_f64_as(DataType::Float64, dims, v).unwrap()))
+        };
+        let root = if product { std::f64::consts::FRAC_1_SQRT_2 } else { std::f64::consts::SQRT_2 };
+        g.nodes.push(constant("root", vec![], &[root]));
+        g.nodes.push(constant("one", vec![], &[1.0]));
+        g.nodes.push(constant("half", vec![], &[0.5]));
+        g.nodes.push(constant("w", vec![2, 5], &rng.values(10, -1.0, 1.0)));
+        g.nodes.push(Node::new("scale", if product { "Mul" } else { "Div" }, &["x", "root"], &["u"]));
+        g.nodes.push(Node::new("erf", "Erf", &["u"], &["e"]));
+        g.nodes.push(Node::new("plus", "Add", &["e", "one"], &["t"]));
+        if dynamo {
+            g.nodes.push(Node::new("halve", "Mul", &["half", "t"], &["m"]));
+            g.nodes.push(Node::new("times", "Mul", &["x", "m"], &["y"]));
+        } else {
+            g.nodes.push(Node::new("times", "Mul", &["x", "t"], &["m"]));
+            g.nodes.push(Node::new("halve", "Mul", &["m", "half"], &["y"]));
+        }
+        let mut projected = "y".to_string();
+        if leak {
+            // 1 + erf also read outside the chain: its gradient then comes from outside too.
+            g.nodes.push(Node::new("leak", "Add", &["y", "t"], &["yl"]));
+            projected = "yl".into();
+        }
+        g.nodes.push(Node::new("proj", "Mul", &[&projected, "w"], &["p"]));
+        g.nodes.push(Node::new("sum", "ReduceSum", &["p"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
+        g.outputs = vec![ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() }];
+        prepare(Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph: g, ..Default::default() })
+            .unwrap()
+    };
+    for (what, dynamo, product, leak, grouped) in [
+        ("torchscript", false, false, false, true),
+        ("dynamo", true, false, false, true),
+        ("x/√2 as a product", false, true, false, true),
+        ("1 + erf read outside", false, false, true, false),
+    ] {
+        let m = model(dynamo, product, leak);
+        let grad = gradient_graph(&m, &Loss::Output, &[]).unwrap();
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(&grad.graph).unwrap();
+        let kept = |v: &str| saved.iter().any(|s| s.value == v);
+        // Grouped, x/√2 is not kept, nor 1 + erf except where the forward's is the rule's
+        // own (the product form, below); the ops' own rules keep both.
+        let expected = if grouped { (false, product) } else { (true, true) };
+        assert_eq!((kept("u"), kept("t")), expected, "{what}: {saved:#?}");
+        check_model(what, &m, F32_KERNEL);
+    }
+}

@@ -251,7 +251,7 @@ pub(super) fn gelu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     let x = cx.x(0).to_string();
     let approximate = cx.node.attr_string("approximate", "none")?;
-    g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf_grad(cx, &x, &dy) });
+    g[0] = Some(if approximate == "tanh" { gelu_tanh_grad(cx, &x, &dy) } else { gelu_erf(cx.e, &x, &dy) });
     Ok(g)
 }
 
@@ -343,9 +343,9 @@ pub(super) fn max_min(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
-/// d/dx of x·Φ(x) = Φ(x) + x·φ(x).
-fn gelu_erf_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> String {
-    let e = &mut *cx.e;
+/// dY·d/dx of x·Φ(x) = dY·(Φ(x) + x·φ(x)), from x alone: the rule of the `Gelu` op and
+/// of the spelled-out GELU group ([`crate::grad::CompositeRule::Gelu`]).
+pub fn gelu_erf(e: &mut crate::emit::Emitter, x: &str, dy: &str) -> String {
     let xs = e.scale(x, std::f64::consts::FRAC_1_SQRT_2);
     let erf = e.op("Erf", &[&xs], vec![]);
     let one = e.scalar(1.0);

@@ -10,7 +10,8 @@ mod linear;
 mod normalization;
 mod spatial;
 
-pub use normalization::batch_norm_training;
+pub use elementwise::gelu_erf;
+pub use normalization::{batch_norm_training, layer_norm_training};
 pub use spatial::max_pool_scatters;
 
 use crate::emit::Emitter;

@@ -1,13 +1,13 @@
 //! Gradient rules of softmax-like ops and reductions, and the training-mode
-//! BatchNormalization's backward. (BatchNormalization and LayerNormalization are spelled
-//! out in primitive ops for training, see [`crate::training_mode`]; LayerNormalization's
-//! gradient comes from these rules and the element-wise ones, BatchNormalization's from
-//! [`batch_norm_training`], which the reverse pass runs for the whole group.)
+//! normalisations' backward. (BatchNormalization and LayerNormalization are spelled out
+//! in primitive ops for training, see [`crate::training_mode`]; their gradients come from
+//! [`batch_norm_training`] and [`layer_norm_training`], which the reverse pass runs for
+//! the whole group.)
 
 use super::{InputGrads, RuleCx};
 use crate::emit::Emitter;
 use crate::error::Result;
-use crate::grad::BatchNormSaved;
+use crate::grad::{BatchNormSaved, LayerNormSaved};
 use edgefreeze_graph::ir::Attribute;
 
 /// The gradients of a training-mode BatchNormalization's (x, scale, bias) from dY, in the
@@ -47,6 +47,42 @@ pub fn batch_norm_training(e: &mut Emitter, bn: &BatchNormSaved, dy: &str, needs
         let correction = e.mul(&bn.normalized, &c2);
         let centered = e.sub(&scaled, &correction);
         g[0] = Some(e.sub(&centered, &c3));
+    }
+    g
+}
+
+/// The gradients of a LayerNormalization's (x, scale[, bias]) from dY, the same two
+/// reductions as [`batch_norm_training`] but over the normalised (last) axes, where the
+/// scale varies: with g = dY·γ, x̂ and σ from the forward and m the elements per group,
+///
+/// dx = (g − Σg/m − x̂·Σ(g·x̂)/m) / σ, dγ = Σ_leading dY·x̂, dβ = Σ_leading dY.
+///
+/// It reads x̂ and σ only; the chain of the spelled-out forward's rules (Sub, Div, the
+/// variance's Mul and ReduceMean) also kept x − mean alive until the backward.
+pub fn layer_norm_training(e: &mut Emitter, ln: &LayerNormSaved, dy: &str, needs: &[bool]) -> Vec<Option<String>> {
+    let need = |i: usize| needs.get(i).copied().unwrap_or(false);
+    let mut g = vec![None; needs.len()];
+    if need(1) {
+        let dyx = e.mul(dy, &ln.normalized);
+        g[1] = Some(e.reduce_sum(&dyx, &ln.leading, false));
+    }
+    if need(2) {
+        g[2] = Some(e.reduce_sum(dy, &ln.leading, false));
+    }
+    if need(0) {
+        let scaled = e.mul(dy, &ln.scale);
+        let sum = e.reduce_sum(&scaled, &ln.axes, true);
+        let along = e.mul(&scaled, &ln.normalized);
+        let sum_along = e.reduce_sum(&along, &ln.axes, true);
+        // m = |x̂| / |σ|, at run time: the batch is symbolic.
+        let (total, groups) = (e.numel(&ln.normalized), e.numel(&ln.std));
+        let m = e.div(&total, &groups);
+        let mean = e.div(&sum, &m);
+        let mean_along = e.div(&sum_along, &m);
+        let centered = e.sub(&scaled, &mean);
+        let correction = e.mul(&ln.normalized, &mean_along);
+        let numerator = e.sub(&centered, &correction);
+        g[0] = Some(e.div(&numerator, &ln.std));
     }
     g
 }

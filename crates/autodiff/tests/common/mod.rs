@@ -177,7 +177,30 @@ pub fn projected_model(mut node: Node, inputs: Vec<Input>, opset: i64, rng: &mut
 pub fn check_tolerance(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng, tol: Tolerance) {
     let op = node.op_type.clone();
     let (model, params) = projected_model(node, inputs, opset, rng);
-    let grad = gradient_graph(&model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{op}: {e}"));
+    check_params(&op, &model, params, tol);
+}
+
+/// The check of a whole model whose one output is the loss, its f64 initializers the
+/// parameters, on the engine [`check_tolerance`] picks.
+pub fn check_model(what: &str, model: &Model, tol: Tolerance) {
+    check_params(what, model, params_of(model), tol);
+}
+
+/// A model's f64 initializers, by name: the parameters of a whole-model check.
+fn params_of(model: &Model) -> ParamSet {
+    let mut params: ParamSet = model
+        .graph
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype() == DataType::Float64)
+        .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.to_f64_vec().unwrap()))
+        .collect();
+    params.sort_by(|a, b| a.0.cmp(&b.0));
+    params
+}
+
+fn check_params(op: &str, model: &Model, params: ParamSet, tol: Tolerance) {
+    let grad = gradient_graph(model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{op}: {e}"));
     let bytes = edgefreeze_graph::save::encode_model(&grad);
     let run = |session: &mut Box<dyn edgefreeze_engine::Session>, values: &[(String, Vec<usize>, Vec<f64>)]| {
         let arrays: Vec<(String, Value)> = values
@@ -207,7 +230,7 @@ pub fn check_tolerance(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng
     };
     let mut chosen = attempt(EngineKind::Ort(edgefreeze_engine::Provider::Cpu));
     if chosen.is_none() && python_reference_available() {
-        return check_on_reference(&op, &grad, &params, tol);
+        return check_on_reference(op, &grad, &params, tol);
     }
     if chosen.is_none() {
         chosen = attempt(EngineKind::Tract);
@@ -223,7 +246,7 @@ pub fn check_tolerance(node: Node, inputs: Vec<Input>, opset: i64, rng: &mut Rng
         .iter()
         .map(|set| output(&run(&mut session, set).unwrap_or_else(|e| panic!("{op}: run failed: {e}")), "loss")[0])
         .collect();
-    compare(&op, &params, tol, &probes, &losses, |name| output(&base, &format!("grad.{name}")), "");
+    compare(op, &params, tol, &probes, &losses, |name| output(&base, &format!("grad.{name}")), "");
 }
 
 /// Whether `python3` can import onnx's reference evaluator.
@@ -362,14 +385,7 @@ pub fn check_on_engines(what: &str, model: &Model, feeds: &[Feed], tol: Toleranc
 pub fn check_on(kinds: &[EngineKind], what: &str, model: &Model, feeds: &[Feed], tol: Tolerance) {
     let grad = gradient_graph(model, &Loss::Output, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
     let bytes = edgefreeze_graph::save::encode_model(&grad);
-    let mut params: ParamSet = model
-        .graph
-        .initializers
-        .iter()
-        .filter(|(_, t)| t.dtype() == DataType::Float64)
-        .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.to_f64_vec().unwrap()))
-        .collect();
-    params.sort_by(|a, b| a.0.cmp(&b.0));
+    let params = params_of(model);
     let (sets, probes) = probe_sets(&params, tol.h);
     for kind in kinds {
         let mut session = edgefreeze_engine::load(kind, &bytes, &EngineOptions::default())
