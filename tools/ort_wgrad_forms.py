@@ -40,6 +40,9 @@ def cur(g, X, dY, N, C, M, H, W, k=3, p=1):
     st = g.op("Concat", parts, axis=2)
     return g.op("Reshape", [st, g.c([M, C, k, k])])
 def grid_common(g, X, dY, N, C, M, H, W, k, p):
+    """X channels-last with its padding, flattened to rows [N*Hp*Wp, C], so that each
+    kernel offset's window is one contiguous run of L rows; dY laid on the padded grid
+    [M, N*Hp*Wp]. Returns (X rows, dY grid, Wp, L)."""
     Hp, Wp = H+2*p, W+2*p
     xt = g.op("Transpose", [X], perm=[0,2,3,1])
     xtp = g.op("Pad", [xt, g.c([0,p,p,0,0,p,p,0])])
@@ -47,39 +50,28 @@ def grid_common(g, X, dY, N, C, M, H, W, k, p):
     dg = g.op("Pad", [dY, g.c([0,0,0,0,0,0,k-1,k-1])])   # [N,M,Hp,Wp]
     dg = g.op("Transpose", [dg], perm=[1,0,2,3])
     dg = g.op("Reshape", [dg, g.c([M, -1])])
-    return xcl, dg, Hp, Wp
-def grid(g, X, dY, N, C, M, H, W, k=3, p=1, chunks=1):
-    xcl, dg, Hp, Wp = grid_common(g, X, dY, N, C, M, H, W, k, p)
     L = N*Hp*Wp - ((k-1)*Wp + k-1)
-    # dY grid restricted to first L columns
+    return xcl, dg, Wp, L
+def grid_windows(g, rows, Wp, L, k):
+    """Each kernel offset's window of `rows`: L contiguous rows from the offset."""
+    return [g.op("Slice", [rows, g.c([kh*Wp+kw]), g.c([kh*Wp+kw+L]), g.c([0])]) for kh in range(k) for kw in range(k)]
+def grid(g, X, dY, N, C, M, H, W, k=3, p=1):
+    xcl, dg, Wp, L = grid_common(g, X, dY, N, C, M, H, W, k, p)
     dl = g.op("Slice", [dg, g.c([0]), g.c([L]), g.c([1])])
-    parts=[]
-    for kh in range(k):
-        for kw in range(k):
-            off = kh*Wp+kw
-            sl = g.op("Slice", [xcl, g.c([off]), g.c([off+L]), g.c([0])])
-            pr = g.op("MatMul", [dl, sl])
-            parts.append(g.op("Unsqueeze", [pr, g.c([2])]))
+    parts = [g.op("Unsqueeze", [g.op("MatMul", [dl, sl]), g.c([2])]) for sl in grid_windows(g, xcl, Wp, L, k)]
     st = g.op("Concat", parts, axis=2)
     return g.op("Reshape", [st, g.c([M, C, k, k])])
 def grid_one(g, X, dY, N, C, M, H, W, k=3, p=1):
-    xcl, dg, Hp, Wp = grid_common(g, X, dY, N, C, M, H, W, k, p)
-    L = N*Hp*Wp - ((k-1)*Wp + k-1)
+    xcl, dg, Wp, L = grid_common(g, X, dY, N, C, M, H, W, k, p)
     dl = g.op("Slice", [dg, g.c([0]), g.c([L]), g.c([1])])
-    parts=[]
-    for kh in range(k):
-        for kw in range(k):
-            off = kh*Wp+kw
-            sl = g.op("Slice", [xcl, g.c([off]), g.c([off+L]), g.c([0])])
-            parts.append(g.op("Unsqueeze", [sl, g.c([0])]))
+    parts = [g.op("Unsqueeze", [sl, g.c([0])]) for sl in grid_windows(g, xcl, Wp, L, k)]
     cols = g.op("Concat", parts, axis=0)  # [K, L, C]
     pr = g.op("MatMul", [dl, cols])   # [K, M, C]
     pr = g.op("Transpose", [pr], perm=[1,2,0])
     return g.op("Reshape", [pr, g.c([M, C, k, k])])
 def grid_chunk(g, X, dY, N, C, M, H, W, k=3, p=1, B=4):
     # split rows into B chunks of the batch-free grid: pad Xcl rows so each offset slice reshapes to [B, L/B, C]
-    xcl, dg, Hp, Wp = grid_common(g, X, dY, N, C, M, H, W, k, p)
-    L = N*Hp*Wp - ((k-1)*Wp + k-1)
+    xcl, dg, Wp, L = grid_common(g, X, dY, N, C, M, H, W, k, p)
     Lb = -(-L//B); L2 = Lb*B
     extra = L2 - L
     # pad xcl with extra rows at end, dg cols
@@ -89,14 +81,11 @@ def grid_chunk(g, X, dY, N, C, M, H, W, k=3, p=1, B=4):
     dl = g.op("Reshape", [dl, g.c([M, B, Lb])])
     dl = g.op("Transpose", [dl], perm=[1,0,2])  # [B, M, Lb]
     parts=[]
-    for kh in range(k):
-        for kw in range(k):
-            off = kh*Wp+kw
-            sl = g.op("Slice", [xcl2, g.c([off]), g.c([off+L2]), g.c([0])])
-            sl = g.op("Reshape", [sl, g.c([B, Lb, C])])
-            pr = g.op("MatMul", [dl, sl])
-            pr = g.op("ReduceSum", [pr, g.c([0])], keepdims=0)
-            parts.append(g.op("Unsqueeze", [pr, g.c([2])]))
+    for sl in grid_windows(g, xcl2, Wp, L2, k):
+        sl = g.op("Reshape", [sl, g.c([B, Lb, C])])
+        pr = g.op("MatMul", [dl, sl])
+        pr = g.op("ReduceSum", [pr, g.c([0])], keepdims=0)
+        parts.append(g.op("Unsqueeze", [pr, g.c([2])]))
     st = g.op("Concat", parts, axis=2)
     return g.op("Reshape", [st, g.c([M, C, k, k])])
 
@@ -124,7 +113,7 @@ def ref(X, dY, k=3, p=1):
             out[:,:,kh,kw] = np.einsum("nmhw,nchw->mc", dY, xp[:,:,kh:kh+H,kw:kw+W])
     return out
 
-def im2(g, X, dY, N, C, M, H, W, k=3, p=1, fold=False):
+def im2(g, X, dY, N, C, M, H, W, k=3, p=1):
     P=H*W; K=k*k
     E=np.zeros((C*K,1,k,k),np.float32)
     for c in range(C):
@@ -133,15 +122,9 @@ def im2(g, X, dY, N, C, M, H, W, k=3, p=1, fold=False):
     cols = g.op("Conv",[X,en],kernel_shape=[k,k],pads=[p,p,p,p],group=C)  # [N, C*K, H, W]
     cols = g.op("Reshape",[cols,g.c([-1,C*K,P])])
     d = g.op("Reshape",[dY,g.c([-1,M,P])])
-    if fold:
-        ct = g.op("Transpose",[cols],perm=[1,0,2]); ct=g.op("Reshape",[ct,g.c([C*K,-1])])
-        dt = g.op("Transpose",[d],perm=[1,0,2]); dt=g.op("Reshape",[dt,g.c([M,-1])])
-        ctt = g.op("Transpose",[ct],perm=[1,0])
-        pr = g.op("MatMul",[dt,ctt])
-    else:
-        ctt = g.op("Transpose",[cols],perm=[0,2,1])
-        pr = g.op("MatMul",[d,ctt])
-        pr = g.op("ReduceSum",[pr,g.c([0])],keepdims=0)
+    ctt = g.op("Transpose",[cols],perm=[0,2,1])
+    pr = g.op("MatMul",[d,ctt])
+    pr = g.op("ReduceSum",[pr,g.c([0])],keepdims=0)
     return g.op("Reshape",[pr,g.c([M,C,k,k])])
 
 def bac(g, X, dY, N, C, M, H, W, k=3, p=1):
@@ -150,8 +133,8 @@ def bac(g, X, dY, N, C, M, H, W, k=3, p=1):
     o = g.op("Conv",[xt,dt],pads=[p,p,p,p])   # [C, M, k, k]
     return g.op("Transpose",[o],perm=[1,0,2,3])
 
-def cl_cat(g, X, dY, N, C, M, H, W, k=3, p=1, per_sample=False):
-    P=H*W; K=k*k
+def cl_cat(g, X, dY, N, C, M, H, W, k=3, p=1):
+    K=k*k
     xt = g.op("Transpose",[X],perm=[0,2,3,1])
     xtp = g.op("Pad",[xt,g.c([0,p,p,0,0,p,p,0])])
     parts=[]
@@ -159,30 +142,11 @@ def cl_cat(g, X, dY, N, C, M, H, W, k=3, p=1, per_sample=False):
         for kw in range(k):
             parts.append(g.op("Slice",[xtp,g.c([kh,kw]),g.c([kh+H,kw+W]),g.c([1,2])]))
     cols = g.op("Concat",parts,axis=3)  # [N,H,W,KC]
-    if per_sample:
-        cols = g.op("Reshape",[cols,g.c([-1,P,K*C])])
-        d = g.op("Reshape",[dY,g.c([-1,M,P])])
-        pr = g.op("MatMul",[d,cols]); pr=g.op("ReduceSum",[pr,g.c([0])],keepdims=0)
-    else:
-        cols = g.op("Reshape",[cols,g.c([-1,K*C])])
-        d = g.op("Transpose",[dY],perm=[1,0,2,3]); d=g.op("Reshape",[d,g.c([M,-1])])
-        pr = g.op("MatMul",[d,cols])
+    cols = g.op("Reshape",[cols,g.c([-1,K*C])])
+    d = g.op("Transpose",[dY],perm=[1,0,2,3]); d=g.op("Reshape",[d,g.c([M,-1])])
+    pr = g.op("MatMul",[d,cols])
     pr = g.op("Reshape",[pr,g.c([M,k,k,C])])
     return g.op("Transpose",[pr],perm=[0,3,1,2])
-def grid_cat(g, X, dY, N, C, M, H, W, k=3, p=1):
-    xcl, dg, Hp, Wp = grid_common(g, X, dY, N, C, M, H, W, k, p)
-    L = N*Hp*Wp - ((k-1)*Wp + k-1)
-    dl = g.op("Slice", [dg, g.c([0]), g.c([L]), g.c([1])])
-    parts=[]
-    for kh in range(k):
-        for kw in range(k):
-            off = kh*Wp+kw
-            parts.append(g.op("Slice", [xcl, g.c([off]), g.c([off+L]), g.c([0])]))
-    cols = g.op("Concat",parts,axis=1)  # [L, KC]
-    pr = g.op("MatMul",[dl,cols])
-    pr = g.op("Reshape",[pr,g.c([M,k,k,C])])
-    return g.op("Transpose",[pr],perm=[0,3,1,2])
-
 def main():
     """Times each form of a 3x3, stride-1, pad-1 convolution's weight gradient on ONNX
     Runtime (batch 64, ResNet-20's layer shapes, 1 and 2 threads, median of 20 runs) and

@@ -327,7 +327,6 @@ struct Timeline {
 }
 
 /// Each micro-batch's operation times, in seconds: what [`schedule`] settles.
-#[derive(Clone)]
 struct Times {
     forward: Vec<f64>,
     up: Vec<f64>,

@@ -147,7 +147,6 @@ pub fn time_cut(
     let session = open(probe, cut, frozen, count, "").map_err(fail)?;
     let header = session.header();
     let state_bytes = session.opened.state_bytes;
-    let concurrent_started = std::cell::Cell::new(None);
     let result = (|| -> edgefreeze_device::Result<FirstSession> {
         let mut link = session.stream();
         let mut times = vec![Vec::new(); batches.len()];
@@ -167,12 +166,12 @@ pub fn time_cut(
         }
         let concurrent = match (load.as_deref_mut(), concurrent_which) {
             (Some(load), Some(which)) => {
-                concurrent_started.set(Some(std::time::Instant::now()));
+                let started = std::time::Instant::now();
                 let (_, activation, labels) = &batches[which];
                 let edge_alone_s = crate::device::median(std::mem::take(&mut compute[which]));
                 let first = 1 + reps * batches.len();
                 let uploads = (first..first + concurrent_count).map(|i| upload(&header, i, activation, labels));
-                Some((run_phase(&mut link, load, uploads)?, edge_alone_s))
+                Some(FirstRun { phase: run_phase(&mut link, load, uploads)?, edge_alone_s, started })
             }
             _ => None,
         };
@@ -191,7 +190,7 @@ pub fn time_cut(
     let FirstSession { times, concurrent: first_phase, apply_s } = result.map_err(fail)?;
     closed.map_err(fail)?;
     let concurrent = match (first_phase, load, concurrent_which) {
-        (Some((phase, edge_alone_s)), Some(load), Some(which)) => {
+        (Some(FirstRun { phase, edge_alone_s, started }), Some(load), Some(which)) => {
             let (_, activation, labels) = &batches[which];
             // What one micro-batch's transfers take each way at the probed rates (a
             // frozen device gets no gradient down).
@@ -214,7 +213,7 @@ pub fn time_cut(
                 phases.push(second.map_err(fail)?);
                 closed.map_err(fail)?;
             }
-            let seconds = concurrent_started.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+            let seconds = started.elapsed().as_secs_f64();
             Some(fit_phases(&phases, load.samples, edge_alone_s, transfers, probe.link.rtt_s / 2.0, seconds))
         }
         _ => None,
@@ -244,10 +243,19 @@ pub fn time_cut(
 struct FirstSession {
     /// The edge's times at each size.
     times: Vec<Vec<f64>>,
-    /// The concurrent probe's run and the edge's compute alone at its size, if it ran.
-    concurrent: Option<(Phase, f64)>,
+    /// The concurrent probe's run, if it ran.
+    concurrent: Option<FirstRun>,
     /// The edge's update.
     apply_s: f64,
+}
+
+/// The concurrent probe's run in the first session.
+struct FirstRun {
+    phase: Phase,
+    /// The edge's compute alone at the run's micro-batch size.
+    edge_alone_s: f64,
+    /// When the run began (the probe reports how long it took, a second session included).
+    started: std::time::Instant,
 }
 
 /// A probe session of the split at `cut` that takes `count` micro-batches per step, under
