@@ -309,6 +309,35 @@ fn the_inputs_of_relu_clip_and_batchnorm_are_not_kept() {
     assert!(checked >= 40, "only {checked} inputs checked");
 }
 
+/// A SiLU spelled out, x·Sigmoid(x), keeps its input alone, as PyTorch's SiLU does: its
+/// Sigmoid's output does not outlive the forward pass (it did when each op's own rule
+/// ran). The squeeze-and-excitation gates, x·Sigmoid(z), are not SiLUs and are not
+/// checked here.
+#[test]
+fn silu_keeps_its_input_alone() {
+    let mut silus = 0;
+    for (path, model) in bundled_and_zoo_models() {
+        let nodes = &model.graph.nodes;
+        let silu_sigmoids = nodes.iter().filter(|n| n.op_type == "Sigmoid").filter(|sigmoid| {
+            let readers: Vec<_> = nodes.iter().filter(|n| n.inputs.contains(&sigmoid.outputs[0])).collect();
+            matches!(readers.as_slice(), [m] if m.op_type == "Mul" && m.inputs.contains(&sigmoid.inputs[0]))
+        });
+        let silu_sigmoids: Vec<_> = silu_sigmoids.collect();
+        if silu_sigmoids.is_empty() {
+            continue;
+        }
+        let artifacts = convert(&model, "test", &spec(), 0, ("ce", "sgd", 0.1)).unwrap();
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(&artifacts.train_step.graph).unwrap();
+        for sigmoid in silu_sigmoids {
+            let kept = saved.iter().find(|s| s.value == sigmoid.outputs[0]);
+            assert!(kept.is_none(), "{path}: the SiLU of {} keeps its sigmoid: {kept:?}", sigmoid.name);
+            silus += 1;
+        }
+    }
+    // The zoo's EfficientNet-B0 ×0.25 (TorchScript exporter) has 22 of them.
+    assert!(silus >= 22, "only {silus} SiLUs checked");
+}
+
 /// A GELU spelled out with `Erf` keeps its input alone, as PyTorch's GELU does, and a
 /// LayerNormalization x̂ and σ: neither x/√2 nor 1 + erf(x/√2), nor the centred input of
 /// a LayerNormalization, outlives the forward pass (they did when each op's own rule ran).

@@ -39,6 +39,13 @@ pub enum CompositeRule {
         /// The input.
         x: String,
     },
+    /// SiLU (swish) spelled out, x·Sigmoid(x) (as both PyTorch exporters write it),
+    /// differentiated from x alone by [`rules::silu`] (the chain of its ops' rules kept
+    /// Sigmoid(x) besides x).
+    Silu {
+        /// The input.
+        x: String,
+    },
 }
 
 /// What a LayerNormalization's backward reads from its forward.
@@ -87,7 +94,7 @@ impl CompositeRule {
             CompositeRule::LayerNorm(ln) => {
                 [ln.x.as_str(), ln.scale.as_str()].into_iter().chain(ln.bias.as_deref()).collect()
             }
-            CompositeRule::Gelu { x } => vec![x.as_str()],
+            CompositeRule::Gelu { x } | CompositeRule::Silu { x } => vec![x.as_str()],
         }
     }
 }
@@ -211,6 +218,7 @@ pub fn backward(
                 }
                 CompositeRule::LayerNorm(ln) => rules::layer_norm_training(emitter, ln, &dy, &needs),
                 CompositeRule::Gelu { x } => vec![needs[0].then(|| rules::gelu_erf(emitter, x, &dy))],
+                CompositeRule::Silu { x } => vec![needs[0].then(|| rules::silu(emitter, x, &dy))],
             };
             for ((input, grad), need) in inputs.iter().zip(input_grads).zip(needs) {
                 if let (Some(g), true) = (grad, need) {

@@ -41,6 +41,7 @@ pub fn rewrite_for_training(
     let mut running_updates = Vec::new();
     let mut uses_dropout_seed = false;
     let mut composites = gelu_groups(nodes, types);
+    composites.extend(silu_groups(nodes));
     for node in nodes {
         emitter.set_prefix(&node.name);
         if inference.contains(&node.name) && rewrite_for_inference(node, types, emitter)? {
@@ -333,6 +334,35 @@ fn gelu_groups(nodes: &[Node], types: &Inference) -> Vec<Composite> {
             Some(Composite { output, inner, rule: CompositeRule::Gelu { x } })
         })();
         groups.extend(found);
+    }
+    groups
+}
+
+/// SiLU spelled out, `Mul(x, Sigmoid(x))` in either order, where the Sigmoid's output
+/// has no other reader: one group differentiated from x alone ([`CompositeRule::Silu`]).
+/// Both PyTorch exporters write `torch.nn.SiLU` so (EfficientNet's 49 activations); the
+/// squeeze-and-excitation gates, x·Sigmoid(z) with z another value, are not this.
+fn silu_groups(nodes: &[Node]) -> Vec<Composite> {
+    let mut readers: HashMap<&str, Vec<&Node>> = HashMap::new();
+    for n in nodes {
+        for i in n.inputs.iter().filter(|i| !i.is_empty()) {
+            readers.entry(i).or_default().push(n);
+        }
+    }
+    let mut groups = Vec::new();
+    for sigmoid in nodes.iter().filter(|n| n.op_type == "Sigmoid" && n.inputs.len() == 1 && n.outputs.len() == 1) {
+        let (x, s) = (sigmoid.inputs[0].as_str(), sigmoid.outputs[0].as_str());
+        let Some([product]) = readers.get(s).map(Vec::as_slice) else { continue };
+        let silu = product.op_type == "Mul"
+            && product.outputs.len() == 1
+            && matches!(product.inputs.as_slice(), [a, b] if (a == x && b == s) || (a == s && b == x));
+        if silu {
+            groups.push(Composite {
+                output: product.outputs[0].clone(),
+                inner: [s.to_string()].into_iter().collect(),
+                rule: CompositeRule::Silu { x: x.to_string() },
+            });
+        }
     }
     groups
 }

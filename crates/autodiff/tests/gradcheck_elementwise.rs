@@ -114,11 +114,66 @@ fn matmul_batched_and_broadcast() {
 /// `Mul(x, 1/√2)`, `Erf` and `+ 1` are the forward's nodes, and the graph's shared
 /// subexpressions are merged: that backward reads the forward's 1 + erf(x/√2) instead of
 /// computing it again, two values kept where the ops' rules kept three.)
+/// The loss Σ w·y of a group's output y (w a constant "w" of y's shape), or of y + `leak`
+/// where a value inside the group is also read outside it.
+fn to_loss(mut g: edgefreeze_graph::ir::Graph, leak: Option<&str>) -> edgefreeze_graph::ir::Model {
+    use edgefreeze_graph::ir::{Model, ValueInfo};
+    let mut projected = "y".to_string();
+    if let Some(inner) = leak {
+        g.nodes.push(Node::new("leak", "Add", &["y", inner], &["yl"]));
+        projected = "yl".into();
+    }
+    g.nodes.push(Node::new("proj", "Mul", &[&projected, "w"], &["p"]));
+    g.nodes.push(Node::new("sum", "ReduceSum", &["p"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
+    g.outputs = vec![ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() }];
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph: g, ..Default::default() };
+    edgefreeze_graph::prepare(model).unwrap()
+}
+
+#[test]
+fn silu_spelled_out_is_one_group_that_keeps_only_its_input() {
+    use edgefreeze_autodiff::{Loss, gradient_graph};
+    use edgefreeze_graph::ir::{Graph, Model};
+    use edgefreeze_graph::{DataType, Tensor};
+    let model = |sigmoid_first: bool, leak: bool| -> Model {
+        let mut rng = Rng::new(11);
+        let mut g = Graph { name: "silu".into(), ..Default::default() };
+        // Past ±17 σ(x) is below float32's epsilon or rounds to 1: the ends of the rule.
+        let mut x = rng.values(10, -6.0, 6.0);
+        x[0] = -20.0;
+        x[1] = 20.0;
+        g.initializers.insert("x".into(), Tensor::from_f64_as(DataType::Float64, vec![2, 5], &x).unwrap());
+        g.nodes.push(Node::new("c_w", "Constant", &[], &["w"]).with_attr(
+            "value",
+            Attribute::Tensor(Tensor::from_f64_as(DataType::Float64, vec![2, 5], &rng.values(10, -1.0, 1.0)).unwrap()),
+        ));
+        g.nodes.push(Node::new("sigmoid", "Sigmoid", &["x"], &["s"]));
+        let operands: [&str; 2] = if sigmoid_first { ["s", "x"] } else { ["x", "s"] };
+        g.nodes.push(Node::new("times", "Mul", &operands, &["y"]));
+        // σ(x) also read outside the product: its gradient then comes from outside too.
+        to_loss(g, leak.then_some("s"))
+    };
+    for (what, sigmoid_first, leak, grouped) in [
+        ("x·σ(x) (both exporters)", false, false, true),
+        ("σ(x)·x", true, false, true),
+        ("σ(x) read outside", false, true, false),
+    ] {
+        let m = model(sigmoid_first, leak);
+        let grad = gradient_graph(&m, &Loss::Output, &[]).unwrap();
+        let saved = edgefreeze_autodiff::saved::saved_for_backward(&grad.graph).unwrap();
+        let kept = |v: &str| saved.iter().any(|s| s.value == v);
+        // Grouped, the backward reads x and not σ(x), not even through a Sigmoid(x) of its
+        // own merged with the forward's; the ops' own rules keep σ(x).
+        assert_eq!(kept("s"), !grouped, "{what}: {saved:#?}");
+        check_model(what, &m, F32_KERNEL);
+    }
+}
+
 #[test]
 fn gelu_spelled_out_with_erf_is_one_group_in_every_exporters_order() {
     use edgefreeze_autodiff::{Loss, gradient_graph};
-    use edgefreeze_graph::ir::{Graph, Model, ValueInfo};
-    use edgefreeze_graph::{DataType, Tensor, prepare};
+    use edgefreeze_graph::ir::{Graph, Model};
+    use edgefreeze_graph::{DataType, Tensor};
     let model = |dynamo: bool, product: bool, leak: bool| -> Model {
         let mut rng = Rng::new(10);
         let mut g = Graph { name: "gelu".into(), ..Default::default() };
@@ -145,17 +200,8 @@ fn gelu_spelled_out_with_erf_is_one_group_in_every_exporters_order() {
             g.nodes.push(Node::new("times", "Mul", &["x", "t"], &["m"]));
             g.nodes.push(Node::new("halve", "Mul", &["m", "half"], &["y"]));
         }
-        let mut projected = "y".to_string();
-        if leak {
-            // 1 + erf also read outside the chain: its gradient then comes from outside too.
-            g.nodes.push(Node::new("leak", "Add", &["y", "t"], &["yl"]));
-            projected = "yl".into();
-        }
-        g.nodes.push(Node::new("proj", "Mul", &[&projected, "w"], &["p"]));
-        g.nodes.push(Node::new("sum", "ReduceSum", &["p"], &["loss"]).with_attr("keepdims", Attribute::Int(0)));
-        g.outputs = vec![ValueInfo { name: "loss".into(), dtype: None, shape: None, doc_string: String::new() }];
-        prepare(Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph: g, ..Default::default() })
-            .unwrap()
+        // 1 + erf also read outside the chain: its gradient then comes from outside too.
+        to_loss(g, leak.then_some("t"))
     };
     for (what, dynamo, product, leak, grouped) in [
         ("torchscript", false, false, false, true),

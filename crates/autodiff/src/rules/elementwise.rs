@@ -360,6 +360,25 @@ pub fn gelu_erf(e: &mut crate::emit::Emitter, x: &str, dy: &str) -> String {
     e.mul(dy, &d)
 }
 
+/// dY·d/dx of x·σ(x) = dY·σ(x)·(1 + x·(1 − σ(x))), from x alone: the rule of the
+/// spelled-out SiLU group ([`crate::grad::CompositeRule::Silu`]). It reads q = σ(−x) =
+/// 1 − σ(x) rather than σ(x): a `Sigmoid(x)` here would be the forward's own, merged
+/// with it by common-subexpression elimination (ours, and ONNX Runtime's), and the
+/// forward's σ(x) would be kept for the backward again. 1 − q loses σ(x)'s relative
+/// precision where σ(x) is below float32's epsilon, as PyTorch's own `silu_backward`
+/// (which forms 1 − σ(x)) does at the other end; the error stays below an ulp of 1
+/// times |1 + x·q|.
+pub fn silu(e: &mut crate::emit::Emitter, x: &str, dy: &str) -> String {
+    let minus = e.neg(x);
+    let q = e.op("Sigmoid", &[&minus], vec![]);
+    let one = e.scalar(1.0);
+    let s = e.sub(&one, &q);
+    let xq = e.mul(x, &q);
+    let t = e.add(&one, &xq);
+    let d = e.mul(&s, &t);
+    e.mul(dy, &d)
+}
+
 /// Gradient of the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 fn gelu_tanh_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> String {
     let e = &mut *cx.e;

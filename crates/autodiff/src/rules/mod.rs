@@ -10,7 +10,7 @@ mod linear;
 mod normalization;
 mod spatial;
 
-pub use elementwise::gelu_erf;
+pub use elementwise::{gelu_erf, silu};
 pub use normalization::{batch_norm_training, layer_norm_training};
 pub use spatial::max_pool_scatters;
 
