@@ -3,7 +3,8 @@
 //! the layer boundaries.
 //!
 //! - **Weights** of Conv, Gemm and MatMul are int8 initializers with one symmetric scale
-//!   per output channel (zero point 0), dequantized in the graph.
+//!   per output channel (zero point 0), dequantized in the graph. They use 7 bits
+//!   ([`WEIGHT_QMAX`]): see there for why.
 //! - **Activations** entering and leaving those ops are quantized per tensor,
 //!   symmetric int8, with scales calibrated on a batch by the float model (one run of
 //!   [`calibration_model`]), so every matrix product reads and writes int8-rounded
@@ -25,8 +26,19 @@ pub fn probe_name(layer: usize) -> String {
     format!("probe.{layer}")
 }
 
-/// The largest int8 magnitude used: symmetric quantization keeps −128 unused.
+/// The largest int8 magnitude of an activation: symmetric quantization keeps −128 unused.
 const QMAX: f32 = 127.0;
+
+/// The largest int8 magnitude of a weight: 7 bits, not 8. ONNX Runtime runs int8
+/// products on x86 without VNNI (AVX2, AVX-512 without VNNI) as unsigned activations
+/// (the signed ones shifted by 128) times signed weights, with an instruction that adds
+/// each pair of products into an int16 with saturation: 2 × 255 × 127 overflows it,
+/// 2 × 255 × 63 = 32130 does not. With 8-bit weights the saturated sums made LeNet-5's
+/// first convolution wrong on such a machine (SP against the float model 8e-4, half
+/// that of a model with shuffled weights; 1e-7 with 7 bits); machines with VNNI do not
+/// saturate, so 7 bits give the same answer on every CPU. ONNX Runtime's own quantizer
+/// calls this `reduce_range`.
+const WEIGHT_QMAX: f32 = 63.0;
 
 /// A matrix product whose weight is an initializer: what gets quantized.
 struct Quantizable {
@@ -116,10 +128,10 @@ fn float_output(model: &Model, name: &str) -> ValueInfo {
     })
 }
 
-/// Symmetric int8 scale of values whose largest magnitude is `max_abs` (1 for all zeros,
-/// since a scale must be positive).
-fn scale_of(max_abs: f32) -> f32 {
-    if max_abs > 0.0 && max_abs.is_finite() { max_abs / QMAX } else { 1.0 }
+/// Symmetric scale mapping values whose largest magnitude is `max_abs` onto ±`qmax` (1
+/// for all zeros, since a scale must be positive).
+fn scale_of(max_abs: f32, qmax: f32) -> f32 {
+    if max_abs > 0.0 && max_abs.is_finite() { max_abs / qmax } else { 1.0 }
 }
 
 /// The largest magnitude of each calibrated tensor.
@@ -151,7 +163,8 @@ pub fn with_parameters(model: &Model, values: &[(String, Tensor)]) -> Result<Mod
     Ok(out)
 }
 
-/// Per-channel symmetric int8 quantization of a weight along `axis`: (int8 values, scales).
+/// Per-channel symmetric 7-bit quantization of a weight along `axis`, stored as int8:
+/// (int8 values, scales).
 fn quantize_per_channel(w: &Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
     let values = w.to_f32_vec().unwrap_or_default();
     let dims = w.dims();
@@ -163,11 +176,11 @@ fn quantize_per_channel(w: &Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
         let c = channel_of(i);
         max[c] = max[c].max(v.abs());
     }
-    let scales: Vec<f32> = max.iter().map(|&m| scale_of(m)).collect();
+    let scales: Vec<f32> = max.iter().map(|&m| scale_of(m, WEIGHT_QMAX)).collect();
     let q = values
         .iter()
         .enumerate()
-        .map(|(i, v)| (v / scales[channel_of(i)]).round_ties_even().clamp(-QMAX, QMAX) as i8)
+        .map(|(i, v)| (v / scales[channel_of(i)]).round_ties_even().clamp(-WEIGHT_QMAX, WEIGHT_QMAX) as i8)
         .collect();
     (q, scales)
 }
@@ -205,7 +218,7 @@ pub fn reference_model(
         // Input activation: per-tensor int8.
         let x = node.inputs[0].clone();
         if !quantized_activations.contains_key(&x) {
-            let scale = scale_of(range(&x)?);
+            let scale = scale_of(range(&x)?, QMAX);
             let dq = qdq(nodes, inits, &x, &format!("{x}.int8"), scale)?;
             quantized_activations.insert(x.clone(), (dq, scale));
         }
@@ -259,7 +272,7 @@ pub fn reference_model(
         let y_float = format!("{y}.float");
         node.outputs[0] = y_float.clone();
         nodes.push(node);
-        let scale = scale_of(range(&y)?);
+        let scale = scale_of(range(&y)?, QMAX);
         let dq = qdq(nodes, inits, &y_float, &format!("{y}.int8"), scale)?;
         nodes.push(Node::new(format!("{y}.int8/restore"), "Identity", &[&dq], &[&y]));
     }
@@ -333,24 +346,35 @@ mod tests {
 
     #[test]
     fn per_channel_scales_follow_the_axis() {
-        // 2 output channels × 3: channel 0 reaches 1.27, channel 1 reaches 0.254.
-        let w = Tensor::from_f32(vec![2, 3], &[1.27, -0.5, 0.0, 0.1, -0.254, 0.2]).unwrap();
+        // 2 output channels × 3: channel 0 reaches 0.63, channel 1 reaches 0.126.
+        let w = Tensor::from_f32(vec![2, 3], &[0.63, -0.25, 0.0, 0.05, -0.126, 0.1]).unwrap();
         let (q, s) = quantize_per_channel(&w, 0);
         assert!((s[0] - 0.01).abs() < 1e-9 && (s[1] - 0.002).abs() < 1e-9, "{s:?}");
-        assert_eq!(q, vec![127, -50, 0, 50, -127, 100]);
+        assert_eq!(q, vec![63, -25, 0, 25, -63, 50]);
         // Along axis 1 (3 channels of 2 values each).
         let (q, s) = quantize_per_channel(&w, 1);
         assert_eq!(s.len(), 3);
-        // Channel 0 is {1.27, 0.1}, channel 1 {-0.5, -0.254}, channel 2 {0, 0.2}.
-        assert_eq!((q[0], q[3]), (127, 10));
-        assert_eq!(q[1], -127);
-        assert_eq!((q[2], q[5]), (0, 127));
+        // Channel 0 is {0.63, 0.05}, channel 1 {-0.25, -0.126}, channel 2 {0, 0.1}.
+        assert_eq!((q[0], q[3]), (63, 5));
+        assert_eq!(q[1], -63);
+        assert_eq!((q[2], q[5]), (0, 63));
     }
 
     #[test]
     fn zero_ranges_get_a_positive_scale() {
-        assert_eq!(scale_of(0.0), 1.0);
-        assert_eq!(scale_of(f32::NAN), 1.0);
-        assert!((scale_of(12.7) - 0.1).abs() < 1e-8);
+        assert_eq!(scale_of(0.0, QMAX), 1.0);
+        assert_eq!(scale_of(f32::NAN, WEIGHT_QMAX), 1.0);
+        assert!((scale_of(12.7, QMAX) - 0.1).abs() < 1e-8);
+    }
+
+    #[test]
+    fn weights_leave_room_for_an_int16_pair_of_products() {
+        // The largest weight of any channel, times the largest shifted activation, twice,
+        // fits in an int16 (see WEIGHT_QMAX).
+        let w = Tensor::from_f32(vec![1, 4], &[-3.0, 1.0, 2.9, 3.0]).unwrap();
+        let (q, _) = quantize_per_channel(&w, 0);
+        let widest = q.iter().map(|v| i32::from(*v).abs()).max().unwrap();
+        assert_eq!(widest, WEIGHT_QMAX as i32);
+        assert!(2 * 255 * widest <= i32::from(i16::MAX));
     }
 }
