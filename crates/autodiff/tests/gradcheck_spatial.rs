@@ -287,6 +287,41 @@ fn weight_gradient_folds_the_batch_into_the_product_where_channels_outnumber_pos
 }
 
 #[test]
+fn weight_gradient_of_a_thin_input_is_an_im2col_in_groups_of_offsets() {
+    // At least four output channels per input channel and more positions than outputs (a
+    // first layer: M5's 1 → 32 with an 80-tap kernel at stride 16): the offsets' slices
+    // are concatenated M / C at a time, and each group is one MatMul per sample, not one
+    // per offset. Strided, padded, dilated, 1-D and 2-D, one and two input channels; the
+    // input gradient is a ConvTranspose or a Conv, never a MatMul.
+    let mut rng = Rng::new(37);
+    let cases = [
+        // 8 offsets, 4 per group.
+        (
+            op("Conv").with_attr("strides", ints(&[4])),
+            vec![param(&mut rng, &[2, 1, 40]), param(&mut rng, &[4, 1, 8])],
+            2,
+        ),
+        // 6 offsets, 5 per group.
+        (
+            op("Conv").with_attr("strides", ints(&[2, 1])).with_attr("pads", ints(&[1, 0, 2, 1])),
+            vec![param(&mut rng, &[2, 1, 7, 6]), param(&mut rng, &[5, 1, 3, 2]), param(&mut rng, &[5])],
+            2,
+        ),
+        // 4 offsets of 2 channels, 4 per group.
+        (
+            op("Conv").with_attr("dilations", ints(&[2, 2])).with_attr("pads", ints(&[1, 1, 1, 1])),
+            vec![param(&mut rng, &[3, 2, 6, 6]), param(&mut rng, &[8, 2, 2, 2])],
+            1,
+        ),
+    ];
+    for (node, inputs, groups) in cases {
+        let ops = conv_gradient_ops(&node, &inputs);
+        assert_eq!(ops.iter().filter(|o| *o == "MatMul").count(), groups, "{ops:?}");
+        case(node, inputs, 17);
+    }
+}
+
+#[test]
 fn weight_gradient_offsets_that_read_only_padding_are_zeros() {
     // A 3×3 kernel with padding 1 on a 1×1 map (MobileNetV2's last blocks at 28×28) reads
     // the map with its centre alone, and a 5×5 kernel with padding 2 on a 2×2 map

@@ -438,6 +438,11 @@ fn flipped_kernel_input_grad(
     ))
 }
 
+/// An ungrouped convolution with at least this many times as many output channels as
+/// input channels, and more positions than outputs, takes its weight gradient from one
+/// im2col ([`conv_weight_grad`]).
+const FEW_INPUT_CHANNELS: i64 = 4;
+
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
 /// im2col of the padded input made of one strided slice per kernel offset.
 ///
@@ -452,6 +457,15 @@ fn flipped_kernel_input_grad(
 ///   slice `[N, C, P]` · dYᵀ `[N, P, M]`, dY transposed once for every offset and the
 ///   weight-sized result at the end (on ONNX Runtime, 1.4–1.5x LeNet-5's and M5's step
 ///   against the other orientation, whose products are matrix-vector);
+/// - but with at most a [`FEW_INPUT_CHANNELS`]th as many input channels as outputs (a
+///   first layer: one audio or grey channel, three colours), the per-offset product is
+///   still a vector times dYᵀ, and each of the K offsets streams all of dY through it
+///   (M5's first layer: 80 offsets, 4 MiB of dY each at batch 64). There the offsets'
+///   slices are concatenated, M / C offsets at a time, into im2cols `[N, G·C, P]` no
+///   larger than dY, each in one product per sample with dYᵀ `[N, P, M]`: dY is read
+///   K·C / M times, not K, and the products are matrices, not vectors (one `Gather` at
+///   constant positions instead of the slices ran LeNet-5's step on ONNX Runtime 1.5-2x
+///   slower, docs/results.md);
 /// - otherwise (few positions, many channels: the deep layers) the batch is folded into
 ///   the contraction: X transposed once to channels-last, so that each offset's slice is
 ///   `[N·P, C]`, and dY once to `[M, N·P]`; one `MatMul` goes straight to `[M, C]`. No
@@ -474,6 +488,38 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
     let padded: Vec<usize> = (0..geo.axes()).map(|a| geo.input[a] + w.pads_begin[a] + w.pads_end[a]).collect();
     let (k, p) = (geo.kernel_size() as i64, geo.output_size() as i64);
     let (g, cg, mg) = (group as i64, w_shape[1] as i64, (w_shape[0] / group) as i64);
+    if group == 1 && mg < p && FEW_INPUT_CHANNELS * cg <= mg {
+        // A thin input (a first layer): the im2col in groups of offsets, one product per
+        // sample and group (doc above).
+        let xp = pad_spatial(cx, x, &w.pads_begin, &w.pads_end, None);
+        let d = cx.e.reshape(dy, &[-1, mg, p]);
+        let d = cx.e.transpose(&d, &[0, 2, 1]);
+        let slices: Vec<String> =
+            offset_slices_in(cx, &xp, Layout::ChannelsFirst, &padded, geo, false).into_iter().flatten().collect();
+        let per_group = (mg / cg).max(1) as usize;
+        let mut parts = Vec::new();
+        for group in slices.chunks(per_group) {
+            let refs: Vec<&str> = group.iter().map(String::as_str).collect();
+            let cols = if refs.len() == 1 {
+                refs[0].to_string()
+            } else {
+                cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
+            };
+            let cols = cx.e.reshape(&cols, &[-1, refs.len() as i64 * cg, p]);
+            let prod = cx.e.op("MatMul", &[&cols, &d], vec![]);
+            parts.push(cx.e.reduce_sum(&prod, &[0], false));
+        }
+        // [K·C, M] (offset-major rows) → [K, C, M] → W's [M, C, K].
+        let summed = if parts.len() == 1 {
+            parts.remove(0)
+        } else {
+            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
+            cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(0))])
+        };
+        let summed = cx.e.reshape(&summed, &[k, cg, mg]);
+        let summed = cx.e.transpose(&summed, &[2, 1, 0]);
+        return cx.e.reshape(&summed, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
+    }
     if group == 1 && mg < p {
         // The larger channel count as the product's columns (doc above).
         let widening = cg < mg;
