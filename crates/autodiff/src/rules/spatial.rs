@@ -245,25 +245,25 @@ fn offset_products(
 /// The [`offset_slices`] concatenated along the channels to `[N, K·C, out...]`
 /// (offset-major).
 fn window_slices(cx: &mut RuleCx<'_>, xp: &str, padded: &[usize], geo: &Geometry) -> String {
-    let mut parts: Vec<String> =
+    let parts: Vec<String> =
         offset_slices_in(cx, xp, Layout::ChannelsFirst, padded, geo, false).into_iter().flatten().collect();
-    if parts.len() == 1 {
-        return parts.remove(0);
+    concat_along(cx, &parts, 1)
+}
+
+/// `parts` concatenated along `axis`; a single part as it is.
+fn concat_along(cx: &mut RuleCx<'_>, parts: &[String], axis: i64) -> String {
+    if let [one] = parts {
+        return one.clone();
     }
     let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-    cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
+    cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(axis))])
 }
 
 /// Per-offset results `[A, B]` (offset-major, as [`offsets`] lists them) stacked on a
 /// last axis to `[A, B, K]`, then given `shape`.
 fn stack_offsets(cx: &mut RuleCx<'_>, parts: &[String], shape: &[usize]) -> String {
     let parts: Vec<String> = parts.iter().map(|p| cx.e.unsqueeze(p, &[2])).collect();
-    let stacked = if parts.len() == 1 {
-        parts[0].clone()
-    } else {
-        let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-        cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(2))])
-    };
+    let stacked = concat_along(cx, &parts, 2);
     cx.e.reshape(&stacked, &shape.iter().map(|&v| v as i64).collect::<Vec<_>>())
 }
 
@@ -439,8 +439,8 @@ fn flipped_kernel_input_grad(
 }
 
 /// An ungrouped convolution with at least this many times as many output channels as
-/// input channels, and more positions than outputs, takes its weight gradient from one
-/// im2col ([`conv_weight_grad`]).
+/// input channels, and more positions than outputs, takes its weight gradient from an
+/// im2col in groups of M / C offsets ([`conv_weight_grad`]).
 const FEW_INPUT_CHANNELS: i64 = 4;
 
 /// dW[m, c, k] = Σ_{n, p} dY[n, m, p] · cols[n, c, k, p], per group, where `cols` is the
@@ -496,26 +496,16 @@ fn conv_weight_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str, w_shape: &[usize], g
         let d = cx.e.transpose(&d, &[0, 2, 1]);
         let slices: Vec<String> =
             offset_slices_in(cx, &xp, Layout::ChannelsFirst, &padded, geo, false).into_iter().flatten().collect();
-        let per_group = (mg / cg).max(1) as usize;
+        // At least FEW_INPUT_CHANNELS offsets per group, by the condition above.
         let mut parts = Vec::new();
-        for group in slices.chunks(per_group) {
-            let refs: Vec<&str> = group.iter().map(String::as_str).collect();
-            let cols = if refs.len() == 1 {
-                refs[0].to_string()
-            } else {
-                cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(1))])
-            };
-            let cols = cx.e.reshape(&cols, &[-1, refs.len() as i64 * cg, p]);
+        for group in slices.chunks((mg / cg) as usize) {
+            let cols = concat_along(cx, group, 1);
+            let cols = cx.e.reshape(&cols, &[-1, group.len() as i64 * cg, p]);
             let prod = cx.e.op("MatMul", &[&cols, &d], vec![]);
             parts.push(cx.e.reduce_sum(&prod, &[0], false));
         }
         // [K·C, M] (offset-major rows) → [K, C, M] → W's [M, C, K].
-        let summed = if parts.len() == 1 {
-            parts.remove(0)
-        } else {
-            let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-            cx.e.op("Concat", &refs, vec![("axis", Attribute::Int(0))])
-        };
+        let summed = concat_along(cx, &parts, 0);
         let summed = cx.e.reshape(&summed, &[k, cg, mg]);
         let summed = cx.e.transpose(&summed, &[2, 1, 0]);
         return cx.e.reshape(&summed, &w_shape.iter().map(|&v| v as i64).collect::<Vec<_>>());
