@@ -25,12 +25,14 @@ def run(binary, args, out):
         "--warmup", "2", "--steps", "4", "--min-seconds", str(args.min_seconds), "--out", out,
     ]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    rows = [line for line in done.stdout.splitlines() if line.startswith(f"| {args.model} |")]
-    if done.returncode != 0 or not rows:
+    lines = done.stdout.splitlines()
+    rows = [line for line in lines if line.startswith(f"| {args.model} |")]
+    headers = [line for line in lines if line.startswith("| model |")]
+    if done.returncode != 0 or not rows or not headers:
         sys.exit(f"{binary} bench failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    cols = [c.strip() for c in rows[0].split("|")]
-    # | model | batch | samples/s | step MiB |
-    return float(cols[3]), cols[4]
+    # Columns by name: builds differ in which others the table has (GFLOP/s since 7 December).
+    cols = dict(zip((c.strip() for c in headers[0].split("|")), (c.strip() for c in rows[0].split("|"))))
+    return float(cols[f"{args.engine} samples/s"]), cols[f"{args.engine} step MiB"]
 
 
 def main():

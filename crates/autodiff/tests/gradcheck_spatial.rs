@@ -499,6 +499,10 @@ fn max_pool_gradient_is_a_scatter_of_the_pools_own_indices() {
         });
         (count("ScatterElements"), adds, count("Equal"))
     };
+    // Each row's indices are brought into its plane by subtracting the row's start, not
+    // by an integer division.
+    let (grad, _) = gradient_model(&overlapping(2), std::slice::from_ref(&input), 17, DataType::Float32);
+    assert!(!grad.graph.nodes.iter().any(|n| n.op_type == "Mod"));
     assert_eq!(forms(overlapping(2), 17), (1, true, 0));
     assert_eq!(forms(tiled(), 17), (1, false, 0));
     assert_eq!(forms(tiled(), 13), (1, false, 0));

@@ -3,7 +3,9 @@
 
 use crate::train::engine_settings;
 use anyhow::{Context, Result, bail};
-use edgefreeze_train::bench::{BenchOptions, BenchResult, ProfileResult, bench_training, profile_training};
+use edgefreeze_train::bench::{
+    BenchOptions, BenchResult, ProfileResult, bench_training, profile_training, step_gflop_per_s,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -56,6 +58,10 @@ pub struct BenchArgs {
     /// With --profile: the op types listed per table (the rest are summed in one row).
     #[arg(long, default_value_t = 15)]
     pub top: usize,
+    /// The machine's peak float32 rate in GFLOP/s (e.g. cores × FMA units × lanes × 2 ×
+    /// clock): with it, the table rates each engine's and PyTorch's step against it.
+    #[arg(long)]
+    pub peak_gflops: Option<f64>,
     /// Results file (JSON); a Markdown table is written next to it (`.md`).
     #[arg(long, default_value = "bench-results.json")]
     pub out: PathBuf,
@@ -83,6 +89,11 @@ struct PytorchResult {
 /// Runs `bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     let threads = args.threads.unwrap_or_else(edgefreeze_engine::default_threads);
+    if let Some(peak) = args.peak_gflops
+        && !(peak.is_finite() && peak > 0.0)
+    {
+        bail!("--peak-gflops must be a positive number of GFLOP/s, not {peak}");
+    }
     let options = BenchOptions {
         warmup: args.warmup,
         min_steps: args.steps,
@@ -111,10 +122,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(script) => Some(run_pytorch(args, script, threads)?),
         None => None,
     };
-    let table = markdown(&ours, pytorch.as_ref(), &args.engines);
+    let table = markdown(&ours, pytorch.as_ref(), &args.engines, args.peak_gflops);
     println!("{table}");
     let json = serde_json::json!({
         "threads": threads,
+        "peak_gflops": args.peak_gflops,
         "machine_cores": edgefreeze_engine::default_threads(),
         "edgefreeze": ours,
         "pytorch": pytorch,
@@ -244,30 +256,27 @@ fn tempfile_path(out: &std::path::Path) -> PathBuf {
     out.with_extension(format!("pytorch.{}.json", std::process::id()))
 }
 
-fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[String]) -> String {
-    let mut header = String::from("| model | batch |");
-    let mut rule = String::from("|---|---:|");
-    for e in engines {
-        header.push_str(&format!(" {e} samples/s |"));
-        rule.push_str("---:|");
-    }
+/// The results as one Markdown table: samples/s per engine (and PyTorch's, with the
+/// ratios), each step's arithmetic rate in GFLOP/s ([`step_gflop_per_s`], PyTorch's from
+/// the same model's FLOPs) and, given the machine's peak, its share of it; then the step
+/// memory.
+fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[String], peak: Option<f64>) -> String {
+    let mut columns: Vec<String> = engines.iter().map(|e| format!("{e} samples/s")).collect();
+    // The rated runs: every engine, then PyTorch.
+    let mut rated: Vec<String> = engines.to_vec();
     if pytorch.is_some() {
-        header.push_str(" PyTorch eager samples/s |");
-        rule.push_str("---:|");
-        for e in engines {
-            header.push_str(&format!(" {e} / PyTorch |"));
-            rule.push_str("---:|");
-        }
+        columns.push("PyTorch eager samples/s".into());
+        columns.extend(engines.iter().map(|e| format!("{e} / PyTorch")));
+        rated.push("PyTorch".into());
+    }
+    columns.extend(rated.iter().map(|e| format!("{e} GFLOP/s")));
+    if peak.is_some() {
+        columns.extend(rated.iter().map(|e| format!("{e} % of peak")));
     }
     // Peak resident memory of the steps above the loaded model (see StepMemory).
-    for e in engines {
-        header.push_str(&format!(" {e} step MiB |"));
-        rule.push_str("---:|");
-    }
-    if pytorch.is_some() {
-        header.push_str(" PyTorch step MiB |");
-        rule.push_str("---:|");
-    }
+    columns.extend(rated.iter().map(|e| format!("{e} step MiB")));
+    let header = format!("| model | batch | {} |", columns.join(" | "));
+    let rule = format!("|---|---:|{}", "---:|".repeat(columns.len()));
     let mut rows = vec![header, rule];
     let mut keys: Vec<(String, usize)> = Vec::new();
     for r in ours {
@@ -275,32 +284,88 @@ fn markdown(ours: &[BenchResult], pytorch: Option<&PytorchResults>, engines: &[S
             keys.push((r.model.clone(), r.batch));
         }
     }
+    let cell =
+        |v: Option<f64>, decimals: usize, suffix: &str| v.map_or("–".into(), |v| format!("{v:.decimals$}{suffix}"));
     for (model, batch) in keys {
-        let mut row = format!("| {model} | {batch} |");
-        let rate = |e: &str| {
-            ours.iter().find(|r| r.model == model && r.batch == batch && r.engine == e).map(|r| r.samples_per_s)
-        };
-        for e in engines {
-            row.push_str(&rate(e).map_or(" – |".into(), |v| format!(" {v:.1} |")));
-        }
+        let ours_of = |e: &str| ours.iter().find(|r| r.model == model && r.batch == batch && r.engine == e);
         let pytorch_row = pytorch.and_then(|p| p.results.iter().find(|r| r.model == model && r.batch == batch));
+        let flops = ours.iter().find(|r| r.model == model).map(|r| r.forward_flops_per_sample);
+        let base = pytorch_row.map(|r| r.samples_per_s);
+        let mut cells: Vec<String> = engines.iter().map(|e| cell(ours_of(e).map(|r| r.samples_per_s), 1, "")).collect();
+        let mut rates: Vec<Option<f64>> = engines.iter().map(|e| ours_of(e).map(|r| r.step_gflop_per_s)).collect();
+        let mut memory: Vec<Option<f64>> = engines.iter().map(|e| ours_of(e).and_then(|r| r.step_peak_mib)).collect();
         if pytorch.is_some() {
-            let base = pytorch_row.map(|r| r.samples_per_s);
-            row.push_str(&base.map_or(" – |".into(), |v| format!(" {v:.1} |")));
+            cells.push(cell(base, 1, ""));
             for e in engines {
-                let ratio = rate(e).zip(base).map(|(a, b)| a / b);
-                row.push_str(&ratio.map_or(" – |".into(), |v| format!(" {v:.2}× |")));
+                cells.push(cell(ours_of(e).map(|r| r.samples_per_s).zip(base).map(|(a, b)| a / b), 2, "×"));
             }
+            rates.push(flops.zip(base).map(|(f, b)| step_gflop_per_s(f, b)));
+            memory.push(pytorch_row.and_then(|r| r.step_peak_mib));
         }
-        let mib = |v: Option<f64>| v.map_or(" – |".into(), |v| format!(" {v:.0} |"));
-        for e in engines {
-            let peak = ours.iter().find(|r| r.model == model && r.batch == batch && r.engine == *e);
-            row.push_str(&mib(peak.and_then(|r| r.step_peak_mib)));
+        cells.extend(rates.iter().map(|&r| cell(r, 1, "")));
+        if let Some(peak) = peak {
+            cells.extend(rates.iter().map(|&r| cell(r.map(|r| 100.0 * r / peak), 0, "%")));
         }
-        if pytorch.is_some() {
-            row.push_str(&mib(pytorch_row.and_then(|r| r.step_peak_mib)));
-        }
-        rows.push(row);
+        cells.extend(memory.iter().map(|&m| cell(m, 0, "")));
+        rows.push(format!("| {model} | {batch} | {} |", cells.join(" | ")));
     }
     rows.join("\n") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ours(engine: &str, samples_per_s: f64) -> BenchResult {
+        BenchResult {
+            model: "m".into(),
+            engine: engine.into(),
+            batch: 64,
+            threads: 2,
+            steps: 10,
+            step_ms_median: 64e3 / samples_per_s,
+            samples_per_s,
+            step_peak_mib: Some(12.0),
+            forward_flops_per_sample: 2_000_000,
+            step_gflop_per_s: step_gflop_per_s(2_000_000, samples_per_s),
+        }
+    }
+
+    /// Each engine's and PyTorch's step rated on the model's FLOPs: 3 × 2 MFLOP a sample at
+    /// 1,000 samples/s is 6 GFLOP/s, 4% of a 150 GFLOP/s peak; PyTorch at 2,000 samples/s
+    /// 12 GFLOP/s and 8%, from the same FLOP count.
+    #[test]
+    fn the_table_rates_every_step_on_the_models_flops_against_the_peak() {
+        let rows = [ours("ort:cpu", 1000.0), ours("tract", 500.0)];
+        let pytorch = PytorchResults {
+            torch: Some("2.15.0".into()),
+            threads: 2,
+            results: vec![PytorchResult {
+                model: "m".into(),
+                batch: 64,
+                samples_per_s: 2000.0,
+                step_ms_median: 32.0,
+                steps: 10,
+                step_peak_mib: Some(20.0),
+            }],
+        };
+        let engines = ["ort:cpu".to_string(), "tract".to_string()];
+        let table = markdown(&rows, Some(&pytorch), &engines, Some(150.0));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        let header: Vec<&str> = lines[0].split('|').map(str::trim).collect();
+        let row: Vec<&str> = lines[2].split('|').map(str::trim).collect();
+        assert_eq!(header.len(), row.len(), "{table}");
+        let at =
+            |column: &str| row[header.iter().position(|h| *h == column).unwrap_or_else(|| panic!("{column}: {table}"))];
+        assert_eq!(at("ort:cpu GFLOP/s"), "6.0");
+        assert_eq!(at("tract GFLOP/s"), "3.0");
+        assert_eq!(at("PyTorch GFLOP/s"), "12.0");
+        assert_eq!(at("ort:cpu % of peak"), "4%");
+        assert_eq!(at("PyTorch % of peak"), "8%");
+        assert_eq!(at("ort:cpu / PyTorch"), "0.50×");
+        assert_eq!(at("PyTorch step MiB"), "20");
+        // Without a peak, no share of it.
+        assert!(!markdown(&rows, None, &engines, None).contains("% of peak"));
+    }
 }

@@ -126,11 +126,21 @@ fn bench_writes_results_for_every_model_engine_and_batch() {
     let rows = json["edgefreeze"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     for row in rows {
-        assert!(row["samples_per_s"].as_f64().unwrap() > 0.0, "{row}");
+        let samples_per_s = row["samples_per_s"].as_f64().unwrap();
+        assert!(samples_per_s > 0.0, "{row}");
         assert_eq!(row["steps"].as_u64(), Some(2));
+        // The step's rate is three forwards' FLOPs (inspect's count) a sample.
+        let model = edgefreeze_graph::import(models.join(format!("{}.onnx", row["model"].as_str().unwrap()))).unwrap();
+        let flops = edgefreeze_graph::analyse(&model).unwrap().total_flops;
+        assert!(flops > 0);
+        assert_eq!(row["forward_flops_per_sample"].as_u64(), Some(flops), "{row}");
+        let rate = row["step_gflop_per_s"].as_f64().unwrap();
+        let expected = 3.0 * flops as f64 * samples_per_s / 1e9;
+        assert!((rate - expected).abs() <= 1e-9 * expected, "{rate} against {expected}: {row}");
     }
     let table = std::fs::read_to_string(results.with_extension("md")).unwrap();
     assert!(table.contains("| lenet5 | 8 |"), "{table}");
+    assert!(table.contains("tract GFLOP/s"), "{table}");
 }
 
 /// `bench --profile` on LeNet-5, both engines: the op types its training step is made of

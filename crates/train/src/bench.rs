@@ -47,6 +47,23 @@ pub struct BenchResult {
     /// system does not report it (only Linux does).
     #[serde(default)]
     pub step_peak_mib: Option<f64>,
+    /// Forward FLOPs per sample of the model, as `inspect` counts them (a multiply-add is
+    /// two).
+    #[serde(default)]
+    pub forward_flops_per_sample: u64,
+    /// The step's arithmetic rate in GFLOP/s ([`step_gflop_per_s`]).
+    #[serde(default)]
+    pub step_gflop_per_s: f64,
+}
+
+/// The arithmetic rate of a training step, in GFLOP/s: three times the forward's FLOPs
+/// per sample (the backward of a convolution or a matrix product is two products of the
+/// forward's size: the input's gradient and the weight's), at `samples_per_s`. It counts
+/// the model's arithmetic, not the graph's, so that engines whose graphs spell the
+/// backward differently (and PyTorch, whose graph is not ours) are rated on the same
+/// work; element-wise passes and the update are left out, as in every such figure.
+pub fn step_gflop_per_s(forward_flops_per_sample: u64, samples_per_s: f64) -> f64 {
+    3.0 * forward_flops_per_sample as f64 * samples_per_s / 1e9
 }
 
 /// The process's resident-memory high-water mark, reset at a point and read later: what
@@ -122,6 +139,7 @@ pub fn bench_training(
     let memory = StepMemory::start();
     let (steps, median) = prepared.time(options)?;
     let step_peak_mib = memory.and_then(|m| m.peak_mib());
+    let samples_per_s = batch as f64 / median;
     Ok(BenchResult {
         model: prepared.model_name,
         engine: engine.to_string(),
@@ -129,8 +147,10 @@ pub fn bench_training(
         threads: engine_options.threads.unwrap_or_else(edgefreeze_engine::default_threads),
         steps,
         step_ms_median: median * 1e3,
-        samples_per_s: batch as f64 / median,
+        samples_per_s,
         step_peak_mib,
+        forward_flops_per_sample: prepared.forward_flops_per_sample,
+        step_gflop_per_s: step_gflop_per_s(prepared.forward_flops_per_sample, samples_per_s),
     })
 }
 
@@ -185,6 +205,7 @@ pub fn profile_training(
 /// A training-step graph loaded with its state, and a synthetic batch for it.
 struct Prepared {
     model_name: String,
+    forward_flops_per_sample: u64,
     ws: Box<dyn edgefreeze_engine::Workspace>,
     graph: edgefreeze_engine::GraphId,
     input_name: String,
@@ -218,7 +239,9 @@ fn prepare(model_path: &Path, engine: &EngineKind, engine_options: &EngineOption
         ws.set_state(name, value_from_tensor(name, tensor)?)?;
     }
     let (input, labels) = synthetic_batch(&model, batch)?;
+    let forward_flops_per_sample = edgefreeze_graph::analysis::analyse(&model)?.total_flops;
     Ok(Prepared {
+        forward_flops_per_sample,
         model_name: model_path.file_stem().map_or(source.clone(), |s| s.to_string_lossy().into_owned()),
         ws,
         graph,

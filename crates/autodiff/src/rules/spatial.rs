@@ -640,18 +640,17 @@ pub fn max_pool_scatters(node: &Node, opset: i64) -> Result<bool> {
 /// grow with the window: dY added into zeros of X's size at those indices
 /// (`ScatterElements` along each (n, c) plane). Both engines pick the first maximum of a
 /// window in row-major order (ONNX Runtime and tract compare with a strict `>`), which
-/// is PyTorch's choice for ties. The indices are taken modulo the plane's size: ONNX
-/// numbers them over the whole tensor, and the plane is what the scatter indexes.
+/// is PyTorch's choice for ties. ONNX numbers the indices over the whole tensor and the
+/// scatter indexes a plane, so each row's first index (row · plane, a `Range`) is
+/// subtracted: exact, and an addition per index where a `Mod` was an integer division
+/// (8% of LeNet-5's step on tract, docs/results.md).
 /// Overlapping windows can pick the same position, whose gradients add up
 /// (`reduction="add"`).
 fn max_pool_scatter(cx: &mut RuleCx<'_>, indices: &str, dy: &str, geo: &Geometry) -> String {
     let w = &geo.window;
     let overlapping = (0..geo.axes()).any(|a| w.strides[a] < geo.extent(a));
     let plane = geo.input.iter().product::<usize>() as i64;
-    let plane_size = cx.e.int_scalar(plane);
-    let within = cx.e.op("Mod", &[indices, &plane_size], vec![]);
     let p = geo.output_size() as i64;
-    let within = cx.e.reshape(&within, &[-1, p]);
     let updates = cx.e.reshape(dy, &[-1, p]);
     // Zeros of [N·C, plane], their row count read off the updates rather than off X:
     // X is then not kept alive through the forward pass for its shape alone.
@@ -662,6 +661,17 @@ fn max_pool_scatter(cx: &mut RuleCx<'_>, indices: &str, dy: &str, geo: &Geometry
         let (start, end) = (cx.e.ints(&[0]), cx.e.ints(&[1]));
         cx.e.op("Slice", &[&shape, &start, &end], vec![])
     };
+    // Row r's indices run from r · plane: [0, plane, 2·plane, ...] as a column. (A `Range`
+    // with step 1, then scaled: with the step `plane`, tract cannot reduce its symbolic
+    // length, ⌈rows · plane / plane⌉, to the row count.)
+    let (zero, one) = (cx.e.int_scalar(0), cx.e.int_scalar(1));
+    let row_count = cx.e.reshape(&rows, &[]);
+    let row_index = cx.e.op("Range", &[&zero, &row_count, &one], vec![]);
+    let row_index = cx.e.reshape(&row_index, &[-1, 1]);
+    let plane_size = cx.e.int_scalar(plane);
+    let starts = cx.e.op("Mul", &[&row_index, &plane_size], vec![]);
+    let flat = cx.e.reshape(indices, &[-1, p]);
+    let within = cx.e.op("Sub", &[&flat, &starts], vec![]);
     let columns = cx.e.ints(&[plane]);
     let target = cx.e.op("Concat", &[&rows, &columns], vec![("axis", Attribute::Int(0))]);
     let zero = cx.e.scalar(0.0);
