@@ -126,8 +126,9 @@ fn compile(model: &[u8], options: &EngineOptions) -> Result<Compiled, EngineErro
 /// plan runs MobileNetV2's step 1.8x faster than the generic one (docs/results.md).
 /// Between decluttering and code generation, [`crate::tract_lower`] steers the
 /// element-wise ops onto tract's vectorised kernels, fuses comparison masks, lays a
-/// batch of short rows along the width, pads the other convolutions' inputs explicitly
-/// and scatters by offsets into rows.
+/// batch of short rows along the width, pads the other convolutions' inputs explicitly,
+/// scatters by offsets into rows and lets matrix products read transposed operands as
+/// they are.
 fn optimise_concrete(typed: &TypedModel, bindings: &HashMap<Symbol, TDim>) -> TractResult<Plan> {
     let mut model = typed.set_symbols(bindings)?;
     model.declutter()?;
@@ -135,6 +136,7 @@ fn optimise_concrete(typed: &TypedModel, bindings: &HashMap<Symbol, TDim>) -> Tr
     crate::tract_lower::widen_per_channel_operands(&mut model)?;
     crate::tract_lower::lay_batch_along_width(&mut model)?;
     crate::tract_lower::scatter_by_rows(&mut model)?;
+    crate::tract_lower::fold_transposes_into_products(&mut model)?;
     crate::tract_lower::pad_convolutions_explicitly(&mut model)?;
     model.optimize()?;
     runnable(model)

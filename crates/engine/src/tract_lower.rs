@@ -39,19 +39,30 @@
 //! padding, and back ([`BatchToWidth`], [`WidthToBatch`]) costs one copy of the input and
 //! one of the output, against the kernel-volume copies of im2col.
 //!
+//! **Transposed operands of products.** A convolution's weight gradient multiplies dY by
+//! each kernel offset's slice of the input transposed (`[N, M, P] · [N, P, C]`), the form
+//! ONNX Runtime runs fastest: it fuses the `Transpose` into the product. tract runs the
+//! `Transpose` as a copy of every slice (124 of them, a fifth of ResNet-20's step), though
+//! its matrix product packs its operands from any axis order. The move of axes is folded
+//! into the product's axes ([`fold_transposes_into_products`]), and the product reads the
+//! slice as it is.
+//!
 //! **Scatters.** The max-pool gradient adds dY into zeros at its argmax with one
 //! `ScatterElements`. tract's runs an n-dimensional index per element (a quarter of
 //! LeNet-5's and of M5's step); [`ScatterRows`] does the same additions, in the same
 //! order, by offsets into contiguous rows.
 
 use tract_onnx::prelude::*;
+use tract_onnx::tract_core::axes::AxesMapping;
 use tract_onnx::tract_core::internal::{
     EvalContext, EvalOp, Op, StaticName, args_1, args_2, args_3, as_op, op_as_typed_op, op_out_of_plan,
 };
 use tract_onnx::tract_core::ops::array::{MultiBroadcastTo, Pad, PadMode, ScatterElements, ScatterReduction};
 use tract_onnx::tract_core::ops::binary::TypedBinOp;
 use tract_onnx::tract_core::ops::cast::Cast;
+use tract_onnx::tract_core::ops::change_axes::AxisOp;
 use tract_onnx::tract_core::ops::cnn::{Conv, PaddingSpec};
+use tract_onnx::tract_core::ops::einsum::EinSum;
 use tract_onnx::tract_core::ops::nn::DataFormat;
 
 /// Replaces node `id`, of one output, by what `wire` builds in a patch from the taps of
@@ -332,6 +343,121 @@ impl TypedOp for WidthToBatch {
     }
 
     as_op!();
+}
+
+/// Folds every permutation of axes (an ONNX `Transpose`, which tract keeps as axis
+/// moves, with the reshapes around it that decluttering leaves) whose only reader is a
+/// matrix product into that product's axes: the product then reads the permutation's
+/// input as it is (module doc). Returns how many operands it folded.
+pub fn fold_transposes_into_products(model: &mut TypedModel) -> TractResult<usize> {
+    let mut folded = 0;
+    for id in model.eval_order()? {
+        let node = model.node(id);
+        let Some(einsum) = node.op_as::<EinSum>() else { continue };
+        if einsum.q_params.is_some() {
+            continue;
+        }
+        let (mut labels, outputs) = einsum.axes.to_strs();
+        let mut inputs = node.inputs.clone();
+        let mut moved = 0;
+        for (slot, input) in inputs.iter_mut().enumerate() {
+            let Some((source, perm)) = permutation_behind(model, *input)? else { continue };
+            // Axis i of the operand is axis perm[i] of the source: the source's axes carry
+            // the operand's labels in that order.
+            let operand: Vec<char> = labels[slot].chars().collect();
+            let mut of_source = vec![' '; operand.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                of_source[p] = operand[i];
+            }
+            labels[slot] = of_source.into_iter().collect();
+            *input = source;
+            moved += 1;
+        }
+        if moved == 0 {
+            continue;
+        }
+        let op = EinSum { axes: AxesMapping::from_strs(&labels, &outputs)?, ..einsum.clone() };
+        let name = node.name.clone();
+        replace_node(model, id, &inputs, |patch, taps| Ok(patch.wire_node(&name, op, &taps)?[0]))?;
+        folded += moved;
+    }
+    Ok(folded)
+}
+
+/// The source and permutation behind `outlet` when it is a chain of axis moves and
+/// reshapes (each read only by the next) that, taken together, only permutes its
+/// source's axes: `(source, perm)` with axis i of `outlet` being axis `perm[i]` of the
+/// source. Of such chains, the longest that has a move; `None` when there is none (no
+/// move, or reshapes that do more than merge axes and split them back).
+fn permutation_behind(model: &TypedModel, outlet: OutletId) -> TractResult<Option<(OutletId, Vec<usize>)>> {
+    // The ops from `outlet` back, with the value each reads.
+    let mut chain: Vec<(AxisOp, OutletId)> = Vec::new();
+    let mut at = outlet;
+    loop {
+        let node = model.node(at.node);
+        let Some(op) = node.op_as::<AxisOp>() else { break };
+        if !matches!(op, AxisOp::Move(..) | AxisOp::Reshape(..)) || model.outlet_successors(at).len() != 1 {
+            break;
+        }
+        chain.push((op.clone(), node.inputs[0]));
+        at = node.inputs[0];
+    }
+    for len in (1..=chain.len()).rev() {
+        let ops = &chain[..len];
+        if !ops.iter().any(|(op, _)| matches!(op, AxisOp::Move(..))) {
+            return Ok(None);
+        }
+        let source = ops[len - 1].1;
+        if let Some(perm) = permutation_of(model, source, ops.iter().rev().map(|(op, _)| op))? {
+            return Ok(Some((source, perm)));
+        }
+    }
+    Ok(None)
+}
+
+/// The permutation of `source`'s axes that `ops` (in the order they apply) amount to, if
+/// they are moves and reshapes that only merge axes and split them back.
+fn permutation_of<'a>(
+    model: &TypedModel,
+    source: OutletId,
+    ops: impl Iterator<Item = &'a AxisOp>,
+) -> TractResult<Option<Vec<usize>>> {
+    let Some(dims) = model.outlet_fact(source)?.shape.as_concrete().map(|d| d.to_vec()) else { return Ok(None) };
+    // Each axis of the value so far as the source axes it flattens, in order.
+    let mut groups: Vec<Vec<usize>> = (0..dims.len()).map(|a| vec![a]).collect();
+    for op in ops {
+        match op {
+            AxisOp::Move(from, to) => {
+                if *from >= groups.len() || *to >= groups.len() {
+                    return Ok(None);
+                }
+                let g = groups.remove(*from);
+                groups.insert(*to, g);
+            }
+            AxisOp::Reshape(start, from, to) => {
+                if start + from.len() > groups.len() {
+                    return Ok(None);
+                }
+                let replaced: Vec<usize> = groups.drain(*start..start + from.len()).flatten().collect();
+                let split_back = to.len() == replaced.len()
+                    && to.iter().zip(&replaced).all(|(d, &a)| d.as_i64() == Some(dims[a] as i64));
+                if split_back {
+                    for (k, a) in replaced.into_iter().enumerate() {
+                        groups.insert(start + k, vec![a]);
+                    }
+                } else if to.len() == 1 {
+                    groups.insert(*start, replaced);
+                } else {
+                    return Ok(None);
+                }
+            }
+            _ => return Ok(None),
+        }
+    }
+    if groups.len() != dims.len() || groups.iter().any(|g| g.len() != 1) {
+        return Ok(None);
+    }
+    Ok(Some(groups.into_iter().map(|g| g[0]).collect()))
 }
 
 /// Replaces every float32 `ScatterElements` that adds or writes (no other reduction) and

@@ -5,13 +5,15 @@
 //! values where masks and broadcasts go wrong if anything does.
 
 use edgefreeze_engine::tract_lower::{
-    fuse_comparison_masks, pad_convolutions_explicitly, scatter_by_rows, widen_per_channel_operands,
+    fold_transposes_into_products, fuse_comparison_masks, pad_convolutions_explicitly, scatter_by_rows,
+    widen_per_channel_operands,
 };
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
 use edgefreeze_graph::{DataType, Tensor, save::encode_model};
 use ndarray::{ArrayD, IxDyn};
 use tract_onnx::prelude::*;
+use tract_onnx::tract_core::ops::change_axes::AxisOp;
 
 const SHAPE: [usize; 4] = [2, 3, 2, 4];
 
@@ -61,6 +63,20 @@ fn patterns() -> Vec<u8> {
             .with_attr("reduction", Attribute::String("add".into())),
         Node::new("scatter_set", "ScatterElements", &["dy_finite", "idx_set", "upd_set"], &["scatter_set"])
             .with_attr("axis", Attribute::Int(1)),
+        // products of transposed operands: a weight gradient's dY [N, M, P] times an
+        // input's positions transposed [N, P, C], its reshapes around the transpose (which
+        // tract's decluttering leaves, and the pass folds); and [N, P, M] · [N, M, P],
+        // which tract's decluttering folds itself
+        Node::new("flat_shape_c", "Constant", &[], &["flat_c"])
+            .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![3], &[0, CONV_CHANNELS as i64, -1]).unwrap())),
+        Node::new("flat_shape_m", "Constant", &[], &["flat_m"])
+            .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![3], &[0, SHAPE[1] as i64, -1]).unwrap())),
+        Node::new("flat_x", "Reshape", &["cx", "flat_c"], &["x_flat"]),
+        Node::new("flat_dy", "Reshape", &["dy_finite", "flat_m"], &["dy_flat"]),
+        Node::new("xt", "Transpose", &["x_flat"], &["x_t"]).with_attr("perm", Attribute::Ints(vec![0, 2, 1])),
+        Node::new("wgrad", "MatMul", &["dy_flat", "x_t"], &["wgrad"]),
+        Node::new("dyt", "Transpose", &["dy_flat"], &["dy_t"]).with_attr("perm", Attribute::Ints(vec![0, 2, 1])),
+        Node::new("gram", "MatMul", &["dy_t", "dy_flat"], &["gram"]),
     ];
     let channel = || vec![Dim::Fixed(1), Dim::Fixed(SHAPE[1]), Dim::Fixed(1), Dim::Fixed(1)];
     // The input's shape, but `k` along `axis`.
@@ -85,15 +101,25 @@ fn patterns() -> Vec<u8> {
             ValueInfo::new("idx_set", DataType::Int64, along(1, 2)),
             ValueInfo::new("upd_set", DataType::Float32, along(1, 2)),
         ],
-        outputs: ["relu_grad", "relu6_grad", "under_grad", "scaled", "conv", "scatter_add", "scatter_set"]
-            .iter()
-            .map(|n| ValueInfo {
-                name: n.to_string(),
-                dtype: Some(DataType::Float32),
-                shape: None,
-                doc_string: String::new(),
-            })
-            .collect(),
+        outputs: [
+            "relu_grad",
+            "relu6_grad",
+            "under_grad",
+            "scaled",
+            "conv",
+            "scatter_add",
+            "scatter_set",
+            "wgrad",
+            "gram",
+        ]
+        .iter()
+        .map(|n| ValueInfo {
+            name: n.to_string(),
+            dtype: Some(DataType::Float32),
+            shape: None,
+            doc_string: String::new(),
+        })
+        .collect(),
         ..Default::default()
     };
     encode_model(&Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() })
@@ -160,10 +186,11 @@ fn lowered_plans_give_the_bits_of_the_unlowered_ones() {
     let generic = run(EngineKind::Tract, EngineOptions { tract_generic_plan: true, ..one_thread.clone() });
     let ort = run(EngineKind::Ort(Provider::Cpu), one_thread);
     assert_eq!(lowered, generic);
-    // The convolution sums in each engine's own order: the other outputs are exact, the
-    // scatter's additions at one index included (both take the updates in order).
+    // The convolution and the products sum in each engine's own order: the other outputs
+    // are exact, the scatter's additions at one index included (both take the updates in
+    // order).
     assert_eq!(lowered[..4], ort[..4]);
-    assert_eq!(lowered[5..], ort[5..]);
+    assert_eq!(lowered[5..7], ort[5..7]);
 }
 
 #[test]
@@ -177,9 +204,14 @@ fn the_passes_find_the_patterns() {
     assert_eq!(widen_per_channel_operands(&mut model).unwrap(), 2);
     assert_eq!(pad_convolutions_explicitly(&mut model).unwrap(), 1);
     assert_eq!(scatter_by_rows(&mut model).unwrap(), 2);
+    assert_eq!(fold_transposes_into_products(&mut model).unwrap(), 1);
     model.optimize().unwrap();
     let names: Vec<String> = model.nodes.iter().map(|n| n.op.name().to_string()).collect();
     assert_eq!(names.iter().filter(|n| *n == "PassInside").count(), 3, "{names:?}");
     assert!(!names.iter().any(|n| ["GT", "LT", "And", "Cast"].contains(&n.as_str())), "{names:?}");
     assert_eq!(names.iter().filter(|n| *n == "ScatterRows").count(), 2, "{names:?}");
+    // No axis is moved: both products read their operands in place.
+    let moves = model.nodes.iter().filter(|n| matches!(n.op_as::<AxisOp>(), Some(AxisOp::Move(..))));
+    let live = model.eval_order().unwrap();
+    assert_eq!(moves.filter(|n| live.contains(&n.id)).count(), 0, "{names:?}");
 }
