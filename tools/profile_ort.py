@@ -39,6 +39,30 @@ def read_state(path: str) -> dict:
     return state
 
 
+def synthetic_feeds(model: onnx.ModelProto, state: dict, batch: int) -> dict:
+    """Every input of a training-step graph: the state's tensors from `state`, and the
+    rest synthetic with `batch` for the symbolic dimensions (random images or token ids,
+    random labels, a learning rate of 0.01), from a fixed seed."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for value in model.graph.input:
+        name = value.name
+        if name in state:
+            feeds[name] = state[name]
+            continue
+        dims = [d.dim_value if d.dim_value > 0 else batch for d in value.type.tensor_type.shape.dim]
+        elem = value.type.tensor_type.elem_type
+        if name == "labels":
+            feeds[name] = rng.integers(0, 2, size=dims).astype(np.int64)
+        elif name == "lr":
+            feeds[name] = np.array(0.01, dtype=np.float32)
+        elif elem == onnx.TensorProto.INT64:
+            feeds[name] = rng.integers(0, 2, size=dims).astype(np.int64)
+        else:
+            feeds[name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="a folder written by edgefreeze convert (or a run's graphs/)")
@@ -51,23 +75,7 @@ def main(argv=None) -> int:
     model_path = os.path.join(args.folder, "train_step.onnx")
     model = onnx.load(model_path)
     state = read_state(os.path.join(args.folder, "state.safetensors"))
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for value in model.graph.input:
-        name = value.name
-        if name in state:
-            feeds[name] = state[name]
-            continue
-        dims = [d.dim_value if d.dim_value > 0 else args.batch for d in value.type.tensor_type.shape.dim]
-        elem = value.type.tensor_type.elem_type
-        if name == "labels":
-            feeds[name] = rng.integers(0, 2, size=dims).astype(np.int64)
-        elif name == "lr":
-            feeds[name] = np.array(0.01, dtype=np.float32)
-        elif elem == onnx.TensorProto.INT64:
-            feeds[name] = rng.integers(0, 2, size=dims).astype(np.int64)
-        else:
-            feeds[name] = rng.standard_normal(dims).astype(np.float32)
+    feeds = synthetic_feeds(model, state, args.batch)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads

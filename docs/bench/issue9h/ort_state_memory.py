@@ -7,20 +7,12 @@
 import sys, os, time, statistics
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tools"))
 import numpy as np, onnx, onnxruntime as ort
-from profile_ort import read_state
+from profile_ort import read_state, synthetic_feeds
 folder, mode, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model_path = os.path.join(folder, "train_step.onnx")
 model = onnx.load(model_path, load_external_data=False)
 state = read_state(os.path.join(folder, "state.safetensors"))
-rng = np.random.default_rng(0)
-data = {}
-for v in model.graph.input:
-    n = v.name
-    if n in state: continue
-    dims = [d.dim_value if d.dim_value > 0 else batch for d in v.type.tensor_type.shape.dim]
-    if n == "labels": data[n] = rng.integers(0, 2, size=dims).astype(np.int64)
-    elif n == "lr": data[n] = np.array(0.01, dtype=np.float32)
-    else: data[n] = rng.standard_normal(dims).astype(np.float32)
+data = {n: v for n, v in synthetic_feeds(model, state, batch).items() if n not in state}
 so = ort.SessionOptions(); so.intra_op_num_threads = 2; so.enable_mem_pattern = False
 s = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
 outs = [o.name for o in s.get_outputs()]

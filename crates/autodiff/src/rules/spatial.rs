@@ -664,9 +664,9 @@ fn max_pool_scatter(cx: &mut RuleCx<'_>, indices: &str, dy: &str, geo: &Geometry
     // Row r's indices run from r · plane: [0, plane, 2·plane, ...] as a column. (A `Range`
     // with step 1, then scaled: with the step `plane`, tract cannot reduce its symbolic
     // length, ⌈rows · plane / plane⌉, to the row count.)
-    let (zero, one) = (cx.e.int_scalar(0), cx.e.int_scalar(1));
+    let (first_row, step) = (cx.e.int_scalar(0), cx.e.int_scalar(1));
     let row_count = cx.e.reshape(&rows, &[]);
-    let row_index = cx.e.op("Range", &[&zero, &row_count, &one], vec![]);
+    let row_index = cx.e.op("Range", &[&first_row, &row_count, &step], vec![]);
     let row_index = cx.e.reshape(&row_index, &[-1, 1]);
     let plane_size = cx.e.int_scalar(plane);
     let starts = cx.e.op("Mul", &[&row_index, &plane_size], vec![]);
