@@ -17,7 +17,11 @@
 # probe measures it too. DEVICE_SLOW=F (1 to 10) runs every device process (the probe
 # and the training) in the CPU cgroup of `tools/netns.sh throttle --factor F`: 1/F of one
 # CPU, network threads included, while the edge has a whole CPU; DEVICE_SLOW_PERIOD_US
-# (default 10000) is the throttle's period (`netns.sh throttle --period-us`). EDGE_ENGINE (default
+# (default 10000) is the throttle's period (`netns.sh throttle --period-us`).
+# DEVICE_SLOWDOWN=F (1 to 100) instead slows the device's engine alone (`--slowdown F` on
+# every device command, the probe's included): each graph run is followed by a pause of
+# F − 1 times its length, so the device computes F times slower while its network threads
+# keep their CPU, as a phone's network stack does not wait for its compute. EDGE_ENGINE (default
 # tract, the engine `edge serve` defaults to) is the edge server's engine, e.g. ort:cpu: a
 # server need not run the phone's pure-Rust engine.
 # Prints one Markdown table row per case (with the load average when it started), then
@@ -26,7 +30,7 @@
 set -euo pipefail
 B=$(realpath "${EDGEFREEZE:-target/release/edgefreeze}")
 NETNS=$(dirname "$(realpath "$0")")/netns.sh
-[[ $# -ge 5 ]] || { sed -n '2,25p' "$0"; exit 2; }
+[[ $# -ge 5 ]] || { sed -n '2,29p' "$0"; exit 2; }
 model=$(realpath "$1"); batch=$2; limit=$3; epochs=$4; ms=$5
 work=$(mktemp -d)
 cd "$work"
@@ -59,8 +63,9 @@ if [[ -n ${RTT_MS:-} ]]; then
   for _ in $(seq 50); do [[ -s shaper.out ]] && break; sleep 0.1; done
   ADDR=$(head -1 shaper.out | awk '{print $2}')
 fi
+SLOWDOWN=(${DEVICE_SLOWDOWN:+--slowdown "$DEVICE_SLOWDOWN"})
 common=(--data fashion-mnist --epochs "$epochs" --batch "$batch" --limit "$limit" --test-limit 1000 --threads 1
-        --lr 0.05 --optimizer sgd:momentum=0.9,wd=5e-4 --schedule constant --quiet)
+        "${SLOWDOWN[@]}" --lr 0.05 --optimizer sgd:momentum=0.9,wd=5e-4 --schedule constant --quiet)
 row() { # name run-folder cut m load
   python3 - "$@" <<'PY'
 import json, sys, statistics
@@ -91,7 +96,7 @@ PY
 load() { cut -d' ' -f1 /proc/loadavg; }
 plan() { # frozen-layers out
   on_dev $B plan --model $model --edge $ADDR --device-id phone-1 --token $T --batch $batch \
-    --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} ${PROBE_BUDGET:+--budget $PROBE_BUDGET} --threads 1 --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
+    --micro-batches 1,$ms ${CUTS:+--cuts $CUTS} ${PROBE_BUDGET:+--budget $PROBE_BUDGET} --threads 1 "${SLOWDOWN[@]}" --optimizer sgd:momentum=0.9,wd=5e-4 --frozen-layers "$1" --json > "$2"
 }
 choice() { python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['choice']['candidate']; print(c['cut'], c['micro_batches'])" "$1"; }
 echo "| case | cut | M | train s / epoch | test acc. % | step: predicted vs measured | load |"

@@ -190,12 +190,23 @@ pub struct EngineArgs {
     /// The ONNX Runtime library (default: ORT_DYLIB_PATH, then the onnxruntime Python package).
     #[arg(long)]
     pub ort_lib: Option<PathBuf>,
+    /// Make every graph run take F times as long (1 to 100): the engine pauses after each
+    /// run for the rest. Emulates a device F times slower than this machine, e.g. a phone
+    /// beside its edge server, without slowing the process's network threads.
+    #[arg(long, value_name = "F")]
+    pub slowdown: Option<f64>,
 }
 
 impl EngineArgs {
     /// The engine and its options.
     pub fn settings(&self) -> Result<(EngineKind, EngineOptions)> {
-        engine_settings(&self.engine, self.threads, self.ort_lib.clone())
+        let (kind, mut options) = engine_settings(&self.engine, self.threads, self.ort_lib.clone())?;
+        if let Some(factor) = self.slowdown {
+            // The engine's message names the flag's factor; it is checked here, before anything
+            // is written, not when the first workspace is made.
+            options.slowdown = Some(edgefreeze_engine::slowdown::check_slowdown(factor)?);
+        }
+        Ok((kind, options))
     }
 }
 

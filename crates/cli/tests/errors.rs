@@ -67,6 +67,18 @@ fn each_cause_is_printed_once_outermost_first() {
         ),
     );
 
+    // A device slowed by less than 1 (or by no number): refused before anything is written.
+    for bad in ["0.5", "NaN"] {
+        fails_with(
+            &edgefreeze_in(
+                cwd,
+                &["train", "--model", mlp, "--data", "idx:digits", "--slowdown", bad, "--out", "slow", "--quiet"],
+            ),
+            &format!("slowdown factor {bad}: must be from 1 (full speed) to 100"),
+        );
+        assert!(!cwd.join("slow").exists());
+    }
+
     // A run folder that is not a run.
     std::fs::create_dir(cwd.join("empty")).unwrap();
     fails_with(

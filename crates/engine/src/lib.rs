@@ -9,6 +9,7 @@
 mod error;
 pub mod ort_backend;
 pub mod profile;
+pub mod slowdown;
 pub mod tract_backend;
 pub mod tract_lower;
 mod value;
@@ -86,6 +87,10 @@ pub struct EngineOptions {
     /// instead of a fully optimised plan per batch size. For comparing the two, and a
     /// way around a tract optimisation that misbehaves on some graph.
     pub tract_generic_plan: bool,
+    /// Make every graph run take this many times as long (at least 1): the engine sleeps
+    /// after each run for the rest ([`slowdown`]). Emulates a slower device, such as a
+    /// phone beside its edge server, on this machine. `None` is full speed.
+    pub slowdown: Option<f64>,
 }
 
 /// A loaded graph, ready to run.
@@ -101,9 +106,15 @@ pub trait Session: Send {
 
 /// Loads an ONNX model (protobuf bytes) into the chosen engine.
 pub fn load(kind: &EngineKind, model: &[u8], options: &EngineOptions) -> Result<Box<dyn Session>, EngineError> {
-    match kind {
-        EngineKind::Tract => Ok(Box::new(tract_backend::TractSession::load(model, options)?)),
-        EngineKind::Ort(provider) => Ok(Box::new(ort_backend::OrtSession::load(model, *provider, options)?)),
+    let session: Box<dyn Session> = match kind {
+        EngineKind::Tract => Box::new(tract_backend::TractSession::load(model, options)?),
+        EngineKind::Ort(provider) => Box::new(ort_backend::OrtSession::load(model, *provider, options)?),
+    };
+    match options.slowdown {
+        Some(factor) => {
+            Ok(Box::new(slowdown::Slowed::new(session, factor, slowdown::Clock::for_threads(options.threads))?))
+        }
+        None => Ok(session),
     }
 }
 

@@ -111,9 +111,16 @@ fn not_loaded(id: GraphId) -> EngineError {
 
 /// Creates an empty workspace on the chosen engine.
 pub fn workspace(kind: &EngineKind, options: &EngineOptions) -> Result<Box<dyn Workspace>, EngineError> {
-    match kind {
-        EngineKind::Tract => Ok(Box::new(crate::tract_backend::TractWorkspace::new(options))),
-        EngineKind::Ort(provider) => Ok(Box::new(crate::ort_backend::OrtWorkspace::new(*provider, options)?)),
+    let workspace: Box<dyn Workspace> = match kind {
+        EngineKind::Tract => Box::new(crate::tract_backend::TractWorkspace::new(options)),
+        EngineKind::Ort(provider) => Box::new(crate::ort_backend::OrtWorkspace::new(*provider, options)?),
+    };
+    match options.slowdown {
+        Some(factor) => {
+            let clock = crate::slowdown::Clock::for_threads(options.threads);
+            Ok(Box::new(crate::slowdown::Slowed::new(workspace, factor, clock)?))
+        }
+        None => Ok(workspace),
     }
 }
 

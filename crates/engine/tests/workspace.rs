@@ -133,3 +133,56 @@ fn an_unloaded_graph_is_freed_and_its_id_refused_while_the_state_stays() {
         assert_eq!(ws.loaded_graphs(), 2, "{kind}");
     }
 }
+
+/// A slowed workspace (an emulated slower device) computes exactly what the engine does,
+/// and each run lasts at least the factor times the engine's own time: the pause is a
+/// sleep, which never ends early. Bounds from below only, so no machine's speed can make
+/// it fail.
+#[test]
+fn a_slowed_workspace_gives_the_same_bits_and_lasts_the_factor_times_the_engine() {
+    use edgefreeze_engine::Workspace;
+    use edgefreeze_engine::slowdown::{Clock, Slowed};
+    let bytes = stateful_graph();
+    let a = array![[0.0f32, 1.0, 0.5], [1.0, 0.0, -1.0], [0.25, 2.0, 0.0]].into_dyn();
+    let w0 = array![[1.0f32, -2.0], [0.5, 3.0], [-1.0, 0.25]].into_dyn();
+    let one_thread = EngineOptions { threads: Some(1), ..Default::default() };
+    let setup = |ws: &mut dyn Workspace| {
+        let g = ws.load_graph(&bytes, StateUpdates::by_prefix("updated.", ["w", "v", "count"])).unwrap();
+        ws.set_state("w", Value::F32(w0.clone())).unwrap();
+        ws.set_state("count", Value::scalar_i64(0)).unwrap();
+        ws.set_state("v", Value::F32(ArrayD::zeros(IxDyn(&[3, 3])))).unwrap();
+        g
+    };
+    let mut plain = workspace(&EngineKind::Tract, &one_thread).unwrap();
+    let mut slowed =
+        Slowed::new(workspace(&EngineKind::Tract, &one_thread).unwrap(), 4.0, Clock::for_threads(Some(1))).unwrap();
+    let gp = setup(plain.as_mut());
+    let gs = setup(&mut slowed);
+    let one = Value::scalar_i64(1);
+    let feeds = [("a", &Value::F32(a.clone())), ("one", &one)];
+    let start = std::time::Instant::now();
+    let before = slowed.ran();
+    for _ in 0..3 {
+        let p = plain.run(gp, &feeds).unwrap();
+        let s = slowed.run(gs, &feeds).unwrap();
+        assert_eq!(format!("{p:?}"), format!("{s:?}"));
+    }
+    let wall = start.elapsed();
+    assert_eq!(format!("{:?}", plain.state("w").unwrap()), format!("{:?}", slowed.state("w").unwrap()));
+    assert_eq!(format!("{:?}", plain.state("count").unwrap()), format!("{:?}", slowed.state("count").unwrap()));
+    let ran = slowed.ran() - before;
+    assert!(ran > std::time::Duration::ZERO);
+    assert!(slowed.paused() >= (slowed.ran() * 3).saturating_sub(std::time::Duration::from_micros(1)));
+    assert!(wall >= ran * 4, "3 runs of {ran:?} in the engine took {wall:?} slowed by 4");
+
+    // Through the options, as the CLI's --slowdown makes it; a bad factor is refused.
+    let slow = EngineOptions { slowdown: Some(2.0), ..one_thread.clone() };
+    let mut ws = workspace(&EngineKind::Tract, &slow).unwrap();
+    let g = setup(ws.as_mut());
+    ws.run(g, &feeds).unwrap();
+    for bad in [0.5, f64::NAN] {
+        let options = EngineOptions { slowdown: Some(bad), ..one_thread.clone() };
+        let e = workspace(&EngineKind::Tract, &options).err().expect("a bad slowdown is refused").to_string();
+        assert!(e.contains("slowdown"), "{e}");
+    }
+}
