@@ -20,7 +20,7 @@
 # (default 10000) is the throttle's period (`netns.sh throttle --period-us`).
 # DEVICE_SLOWDOWN=F (1 to 100) instead slows the device's engine alone (`--slowdown F` on
 # every device command, the probe's included): each graph run is followed by a pause of
-# F − 1 times its length, so the device computes F times slower while its network threads
+# F − 1 times its compute, so the device computes F times slower while its network threads
 # keep their CPU, as a phone's network stack does not wait for its compute. EDGE_ENGINE (default
 # tract, the engine `edge serve` defaults to) is the edge server's engine, e.g. ort:cpu: a
 # server need not run the phone's pure-Rust engine.
@@ -40,6 +40,10 @@ echo "phone-1 $T" > tokens.txt
 EX_EDGE="ip netns exec ef-edge"; EX_DEV="ip netns exec ef-dev"; LISTEN=10.210.0.2:50078
 [[ -z ${EDGE_CPUS:-} ]] || EX_EDGE="$EX_EDGE taskset -c $EDGE_CPUS"
 [[ -z ${DEVICE_CPUS:-} ]] || EX_DEV="$EX_DEV taskset -c $DEVICE_CPUS"
+if [[ -n ${DEVICE_SLOW:-} && -n ${DEVICE_SLOWDOWN:-} ]]; then
+  echo "edge_bench.sh: DEVICE_SLOW and DEVICE_SLOWDOWN would slow the device twice: set one" >&2
+  exit 2
+fi
 CG=
 if [[ -n ${DEVICE_SLOW:-} ]]; then
   "$NETNS" throttle --factor "$DEVICE_SLOW" --period-us "${DEVICE_SLOW_PERIOD_US:-10000}" >&2
@@ -63,7 +67,7 @@ if [[ -n ${RTT_MS:-} ]]; then
   for _ in $(seq 50); do [[ -s shaper.out ]] && break; sleep 0.1; done
   ADDR=$(head -1 shaper.out | awk '{print $2}')
 fi
-SLOWDOWN=(${DEVICE_SLOWDOWN:+--slowdown "$DEVICE_SLOWDOWN"})
+SLOWDOWN=(${DEVICE_SLOWDOWN:+--slowdown "$DEVICE_SLOWDOWN"})  # empty arrays need bash 4.4
 common=(--data fashion-mnist --epochs "$epochs" --batch "$batch" --limit "$limit" --test-limit 1000 --threads 1
         "${SLOWDOWN[@]}" --lr 0.05 --optimizer sgd:momentum=0.9,wd=5e-4 --schedule constant --quiet)
 row() { # name run-folder cut m load

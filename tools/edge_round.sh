@@ -22,7 +22,8 @@ set -euo pipefail
 HERE=$(dirname "$(realpath "$0")")
 ROOT=$(dirname "$HERE")
 OUT=$(realpath -m "${OUT:?set OUT to the folder for the results}")
-export EDGEFREEZE=$(realpath "${EDGEFREEZE:-$ROOT/target/release/edgefreeze}")
+EDGEFREEZE=$(realpath "${EDGEFREEZE:-$ROOT/target/release/edgefreeze}")
+export EDGEFREEZE
 THROTTLE=${THROTTLE:-cgroup}
 [[ $THROTTLE == engine || $THROTTLE == cgroup ]] || { echo "THROTTLE is engine or cgroup" >&2; exit 2; }
 mkdir -p "$OUT"
@@ -47,7 +48,9 @@ case_() {
   fi
   echo "== $name start $(date -u +%T) ${env[*]}" >> "$OUT/log.txt"
   local rc=0
-  env "${env[@]}" "$HERE/edge_bench.sh" "$model" "$batch" "$limit" 1 "2,4,8" > "$OUT/$name.txt" 2> "$OUT/$name.err" || rc=$?
+  # The case's settings alone: none of the caller's exported ones leak in.
+  env -u CUTS -u PROBE_BUDGET -u DEVICE_SLOW -u DEVICE_SLOW_PERIOD_US -u DEVICE_SLOWDOWN "${env[@]}" \
+    "$HERE/edge_bench.sh" "$model" "$batch" "$limit" 1 "2,4,8" > "$OUT/$name.txt" 2> "$OUT/$name.err" || rc=$?
   echo "== $name end $(date -u +%T) rc=$rc" >> "$OUT/log.txt"
 }
 case_ rn20-b32-eq   20mbit 20 1  "$RN20" 32 320 "$RC" ""

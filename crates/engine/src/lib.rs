@@ -106,13 +106,14 @@ pub trait Session: Send {
 
 /// Loads an ONNX model (protobuf bytes) into the chosen engine.
 pub fn load(kind: &EngineKind, model: &[u8], options: &EngineOptions) -> Result<Box<dyn Session>, EngineError> {
+    let slowdown = options.slowdown.map(slowdown::check_slowdown).transpose()?;
     let session: Box<dyn Session> = match kind {
         EngineKind::Tract => Box::new(tract_backend::TractSession::load(model, options)?),
         EngineKind::Ort(provider) => Box::new(ort_backend::OrtSession::load(model, *provider, options)?),
     };
-    match options.slowdown {
+    match slowdown {
         Some(factor) => {
-            Ok(Box::new(slowdown::Slowed::new(session, factor, slowdown::Clock::for_threads(options.threads))?))
+            Ok(Box::new(slowdown::Slowed::new(session, factor, slowdown::Clock::for_engine(kind, options.threads))?))
         }
         None => Ok(session),
     }

@@ -23,7 +23,7 @@
 //! quota (docs/results.md, "The device slowed in its engine, not its cgroup").
 
 use crate::workspace::{GraphId, StateUpdates, Workspace};
-use crate::{EngineError, Session, Value};
+use crate::{EngineError, EngineKind, Provider, Session, Value};
 use std::time::{Duration, Instant};
 
 /// The most a device may be slowed: beyond it a run of milliseconds becomes seconds and
@@ -46,10 +46,16 @@ pub fn pause_after(ran: Duration, factor: f64) -> Duration {
 
 /// The CPU time the calling thread has used, where the system can tell.
 fn thread_cpu_time() -> Option<Duration> {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `t` is a valid timespec for the call to write; the clock id is a constant.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    (rc == 0).then(|| Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
+    let mut t = std::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: clock_gettime writes a whole timespec into the pointer it is given and
+    // touches nothing else; it is read only when the call reports success.
+    let t = unsafe {
+        if libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, t.as_mut_ptr()) != 0 {
+            return None;
+        }
+        t.assume_init()
+    };
+    Some(Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
 }
 
 /// What a run's compute is measured by.
@@ -62,12 +68,19 @@ pub enum Clock {
 }
 
 impl Clock {
-    /// The clock for an engine with `threads` threads (`None`: the machine's cores).
-    pub fn for_threads(threads: Option<usize>) -> Clock {
-        match threads.unwrap_or_else(crate::default_threads) {
-            0 | 1 if thread_cpu_time().is_some() => Clock::CallerCpu,
-            _ => Clock::Wall,
-        }
+    /// The clock for `engine` with `threads` threads (`None`: the machine's cores): the
+    /// caller's CPU time where the engine computes on the calling thread alone — tract's
+    /// single-thread executor (0 or 1 threads), ONNX Runtime's CPU provider with one
+    /// intra-op thread (0 is its default pool) — and the wall time otherwise (a pool, a
+    /// GPU, XNNPACK's own threads).
+    pub fn for_engine(engine: &EngineKind, threads: Option<usize>) -> Clock {
+        let threads = threads.unwrap_or_else(crate::default_threads);
+        let on_caller = match engine {
+            EngineKind::Tract => threads <= 1,
+            EngineKind::Ort(Provider::Cpu) => threads == 1,
+            EngineKind::Ort(Provider::Cuda | Provider::Xnnpack) => false,
+        };
+        if on_caller && thread_cpu_time().is_some() { Clock::CallerCpu } else { Clock::Wall }
     }
 }
 
@@ -80,14 +93,16 @@ fn slowed<T>(factor: f64, clock: Clock, ran: &mut Duration, paused: &mut Duratio
         (Clock::CallerCpu, Some(before), Some(after)) => after.saturating_sub(before),
         _ => wall.elapsed(),
     };
-    let pause = pause_after(took, factor);
-    std::thread::sleep(pause);
+    let slept = Instant::now();
+    std::thread::sleep(pause_after(took, factor));
     *ran += took;
-    *paused += pause;
+    *paused += slept.elapsed();
     out
 }
 
-/// A workspace or session whose runs take `factor` times as long as the engine's.
+/// A workspace or session whose runs take `factor` times as long as the engine's. A
+/// workspace's graph loads are slowed too (tract compiles a graph's plan there); a
+/// session is wrapped once loaded.
 pub struct Slowed<T> {
     inner: T,
     factor: f64,
@@ -109,7 +124,7 @@ impl<T> Slowed<T> {
         self.ran
     }
 
-    /// The time slept after those runs.
+    /// The time slept after those runs, as it was slept (a sleep ends late, never early).
     pub fn paused(&self) -> Duration {
         self.paused
     }
@@ -179,10 +194,15 @@ mod tests {
     }
 
     #[test]
-    fn one_engine_thread_is_timed_by_its_cpu_and_a_pool_by_the_wall() {
+    fn an_engine_on_its_callers_thread_is_timed_by_its_cpu_and_others_by_the_wall() {
         // Linux, where these tests run, has the thread's CPU clock.
-        assert_eq!(Clock::for_threads(Some(1)), Clock::CallerCpu);
-        assert_eq!(Clock::for_threads(Some(2)), Clock::Wall);
+        let (tract, ort) = (EngineKind::Tract, EngineKind::Ort(Provider::Cpu));
+        assert_eq!(Clock::for_engine(&tract, Some(1)), Clock::CallerCpu);
+        assert_eq!(Clock::for_engine(&tract, Some(0)), Clock::CallerCpu);
+        assert_eq!(Clock::for_engine(&tract, Some(2)), Clock::Wall);
+        assert_eq!(Clock::for_engine(&ort, Some(1)), Clock::CallerCpu);
+        assert_eq!(Clock::for_engine(&ort, Some(0)), Clock::Wall, "0 is ONNX Runtime's default pool");
+        assert_eq!(Clock::for_engine(&EngineKind::Ort(Provider::Cuda), Some(1)), Clock::Wall);
         let before = thread_cpu_time().unwrap();
         let mut x = 0u64;
         for i in 0..2_000_000u64 {

@@ -111,13 +111,14 @@ fn not_loaded(id: GraphId) -> EngineError {
 
 /// Creates an empty workspace on the chosen engine.
 pub fn workspace(kind: &EngineKind, options: &EngineOptions) -> Result<Box<dyn Workspace>, EngineError> {
+    let slowdown = options.slowdown.map(crate::slowdown::check_slowdown).transpose()?;
     let workspace: Box<dyn Workspace> = match kind {
         EngineKind::Tract => Box::new(crate::tract_backend::TractWorkspace::new(options)),
         EngineKind::Ort(provider) => Box::new(crate::ort_backend::OrtWorkspace::new(*provider, options)?),
     };
-    match options.slowdown {
+    match slowdown {
         Some(factor) => {
-            let clock = crate::slowdown::Clock::for_threads(options.threads);
+            let clock = crate::slowdown::Clock::for_engine(kind, options.threads);
             Ok(Box::new(crate::slowdown::Slowed::new(workspace, factor, clock)?))
         }
         None => Ok(workspace),
