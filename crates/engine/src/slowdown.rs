@@ -87,10 +87,11 @@ impl Clock {
 /// Runs `f`, then sleeps so that the whole takes `factor` times `f`'s compute (by
 /// `clock`); adds the compute and the pause to the counters.
 fn slowed<T>(factor: f64, clock: Clock, ran: &mut Duration, paused: &mut Duration, f: impl FnOnce() -> T) -> T {
-    let (wall, cpu) = (Instant::now(), thread_cpu_time());
+    let cpu = || if clock == Clock::CallerCpu { thread_cpu_time() } else { None };
+    let (wall, before) = (Instant::now(), cpu());
     let out = f();
-    let took = match (clock, cpu, thread_cpu_time()) {
-        (Clock::CallerCpu, Some(before), Some(after)) => after.saturating_sub(before),
+    let took = match (before, cpu()) {
+        (Some(before), Some(after)) => after.saturating_sub(before),
         _ => wall.elapsed(),
     };
     let slept = Instant::now();
