@@ -190,7 +190,7 @@ pub struct EngineArgs {
     /// The ONNX Runtime library (default: ORT_DYLIB_PATH, then the onnxruntime Python package).
     #[arg(long)]
     pub ort_lib: Option<PathBuf>,
-    /// Make every graph run take F times as long (1 to 100): the engine pauses after each
+    /// Make every graph run take at least F times as long (1 to 100): the engine pauses after each
     /// run for the rest. Emulates a device F times slower than this machine, e.g. a phone
     /// beside its edge server, without slowing the process's network threads.
     #[arg(long, value_name = "F")]

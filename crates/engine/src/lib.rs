@@ -87,7 +87,7 @@ pub struct EngineOptions {
     /// instead of a fully optimised plan per batch size. For comparing the two, and a
     /// way around a tract optimisation that misbehaves on some graph.
     pub tract_generic_plan: bool,
-    /// Make every graph run take this many times as long (at least 1): the engine sleeps
+    /// Make every graph run take at least this many times as long (at least 1): the engine sleeps
     /// after each run for the rest ([`slowdown`]). Emulates a slower device, such as a
     /// phone beside its edge server, on this machine. `None` is full speed.
     pub slowdown: Option<f64>,
