@@ -1,11 +1,11 @@
-//! Every graph the rewrites emit, for every bundled model, is standard ONNX: the default
+//! Every graph the rewrites emit, for every bundled model and zoo fixture, is standard ONNX: the default
 //! `ai.onnx` domain only, and `onnx.checker` with `full_check` passes; and lean (no
 //! dead nodes, common subexpressions merged).
 
 use edgefreeze_autodiff::{Loss, Optimizer};
 use edgefreeze_graph::{Model, analyse, import, save_model};
 use edgefreeze_rewrite::{SplitOptions, StepSpec, cached_pair, frozen_prefix_step, split};
-use edgefreeze_tests::{python_onnx, run_python, sidecars};
+use edgefreeze_tests::{bundled_and_zoo_files, python_onnx, run_python};
 use std::path::{Path, PathBuf};
 
 #[test]
@@ -16,9 +16,9 @@ fn every_rewritten_graph_is_standard_onnx_and_passes_the_checker() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut files: Vec<PathBuf> = Vec::new();
-    for s in sidecars() {
-        let model = import(&s.path).unwrap();
-        let stem = s.path.file_stem().unwrap().to_string_lossy().to_string();
+    for path in bundled_and_zoo_files() {
+        let model = import(&path).unwrap();
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let analysis = analyse(&model).unwrap();
         let cut = analysis.cuts[analysis.cuts.len() / 2].after_layer;
         let probes: Vec<usize> = (0..analysis.layers.len()).collect();

@@ -39,6 +39,25 @@ pub fn sidecars() -> Vec<Sidecar> {
     out
 }
 
+/// Every zoo fixture (`tests/fixtures/zoo`): models a user brings, exported from
+/// torchvision and PyTorch modules by TorchScript and by dynamo.
+pub fn zoo_files() -> Vec<PathBuf> {
+    let zoo = repo_root().join("tests/fixtures/zoo");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&zoo)
+        .expect("tests/fixtures/zoo exists")
+        .map(|e| e.expect("readable zoo entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "expected the zoo fixtures in {}, found {}", zoo.display(), files.len());
+    files
+}
+
+/// The bundled models with a sidecar, then every zoo fixture.
+pub fn bundled_and_zoo_files() -> Vec<PathBuf> {
+    sidecars().into_iter().map(|s| s.path).chain(zoo_files()).collect()
+}
+
 /// Whether tests that need Python's `onnx` package must run (CI sets this) rather than skip.
 fn python_required() -> bool {
     std::env::var("EDGEFREEZE_REQUIRE_PYTHON_ONNX").is_ok_and(|v| v == "1")

@@ -6,7 +6,7 @@ use edgefreeze_autodiff::artifacts::convert;
 use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec};
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::{Model, Tensor, import, save_model};
-use edgefreeze_tests::{models_dir, python_onnx, run_python, sidecars};
+use edgefreeze_tests::{bundled_and_zoo_files, models_dir, python_onnx, run_python, sidecars};
 use ndarray::{ArrayD, IxDyn};
 use std::collections::HashMap;
 use std::path::Path;
@@ -23,10 +23,10 @@ fn spec() -> TrainingSpec {
 fn every_emitted_graph_is_standard_onnx_and_passes_the_checker() {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
-    for s in sidecars() {
-        let model = import(&s.path).unwrap();
+    for path in bundled_and_zoo_files() {
+        let model = import(&path).unwrap();
         let artifacts = convert(&model, "test", &spec(), 0, ("ce", "adamw", 1e-3)).unwrap();
-        let stem = s.path.file_stem().unwrap().to_string_lossy().to_string();
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         for (kind, m) in
             [("train_step", &artifacts.train_step), ("eval", &artifacts.eval), ("grad", &artifacts.gradient)]
         {
@@ -217,18 +217,7 @@ fn the_same_training_step_file_agrees_on_every_engine() {
 
 /// The models a user brings (tests/fixtures/zoo, both exporters) beside the bundled ones.
 fn bundled_and_zoo_models() -> Vec<(String, Model)> {
-    let mut models: Vec<(String, Model)> =
-        sidecars().into_iter().map(|s| (s.path.display().to_string(), import(&s.path).unwrap())).collect();
-    let zoo = edgefreeze_tests::repo_root().join("tests/fixtures/zoo");
-    let mut files: Vec<_> = std::fs::read_dir(&zoo)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no zoo models in {}", zoo.display());
-    models.extend(files.into_iter().map(|p| (p.display().to_string(), import(&p).unwrap())));
-    models
+    bundled_and_zoo_files().into_iter().map(|p| (p.display().to_string(), import(&p).unwrap())).collect()
 }
 
 /// A `Shape` or `Size` in the backward pass keeps a whole activation alive from the forward

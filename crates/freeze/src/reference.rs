@@ -12,7 +12,9 @@
 //! - **Biases** are int32 with scale `activation scale × weight scale`, as ONNX's QDQ
 //!   convention wants.
 //! - BatchNormalization runs in inference mode with the running statistics of the copy
-//!   (it is the inference model's own op), Dropout is off.
+//!   (it is the inference model's own op), Dropout is off: [`inference_form`], which
+//!   the float models compared with the reference ([`probe_model`],
+//!   [`live_probe_model`]) and the calibration model share.
 
 use crate::error::{FreezeError, Result};
 use edgefreeze_graph::analysis::Analysis;
@@ -46,15 +48,75 @@ struct Quantizable {
     /// The weight initializer and its output-channel axis.
     weight: String,
     axis: usize,
+    /// The op reads the weight through a Transpose (of this output): a Linear layer as
+    /// TorchScript and dynamo export it for 3-D inputs, `MatMul(x, Transpose(W))`.
+    transposed: Option<String>,
     /// A 1-D bias with one value per output channel, if any.
     bias: Option<String>,
 }
 
+/// The model as inference runs it. TorchScript's training-mode export (the usual way to
+/// get a model whose BatchNorm can be trained) writes each BatchNormalization with
+/// `training_mode = 1` and the updated running statistics as two more outputs, and each
+/// Dropout with `training_mode` true: run as they are, they normalise with the batch's
+/// statistics and drop at random, and tract refuses the three-output BatchNormalization
+/// outright. Here a BatchNormalization keeps its first output and its running statistics,
+/// and a Dropout becomes an Identity, node for node (indices and names unchanged), so the
+/// reference, the float models it is compared with and the calibration all compute the
+/// same deterministic function. A node whose extra outputs something reads is an error:
+/// nothing in an inference model should.
+pub fn inference_form(model: &Model) -> Result<Model> {
+    let read: HashSet<&str> = model
+        .graph
+        .nodes
+        .iter()
+        .flat_map(|n| n.inputs.iter().map(String::as_str))
+        .chain(model.graph.outputs.iter().map(|o| o.name.as_str()))
+        .collect();
+    let mut out = model.clone();
+    for node in out.graph.nodes.iter_mut() {
+        let kept = match node.op_type.as_str() {
+            "BatchNormalization" | "Dropout" => 1,
+            _ => continue,
+        };
+        if let Some(used) = node.outputs.iter().skip(kept).find(|o| !o.is_empty() && read.contains(o.as_str())) {
+            return Err(FreezeError::Reference(format!(
+                "node {:?} ({}): its output {used:?} is read, which an inference model cannot give",
+                node.name, node.op_type
+            )));
+        }
+        node.outputs.truncate(kept);
+        if node.op_type == "Dropout" {
+            node.op_type = "Identity".into();
+            node.inputs.truncate(1);
+            node.attributes.clear();
+        } else {
+            node.attributes.shift_remove("training_mode");
+        }
+    }
+    Ok(out)
+}
+
 fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
     let graph = &model.graph;
+    let producers = graph.producers();
     let mut found = Vec::new();
     for (i, n) in graph.nodes.iter().enumerate() {
-        let Some(weight) = n.input(1).filter(|w| graph.initializers.contains_key(*w)) else { continue };
+        let Some(b) = n.input(1) else { continue };
+        // The weight: an initializer, or a 2-D initializer transposed by a Transpose node.
+        let (weight, transposed) = if graph.initializers.contains_key(b) {
+            (b, None)
+        } else {
+            let Some(t) = producers.get(b).map(|&p| &graph.nodes[p]) else { continue };
+            let Some(w) = t.input(0).filter(|w| graph.initializers.get(*w).is_some_and(|w| w.dims().len() == 2)) else {
+                continue;
+            };
+            let perm = t.attr_ints("perm").map_err(FreezeError::Graph)?;
+            if t.op_type != "Transpose" || perm.is_some_and(|p| p != [1, 0]) {
+                continue;
+            }
+            (w, Some(b.to_string()))
+        };
         let Some(x) = n.input(0) else { continue };
         if graph.initializers.contains_key(x) {
             continue;
@@ -63,7 +125,7 @@ fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
         if w.dtype() != DataType::Float32 {
             continue;
         }
-        let axis = match n.op_type.as_str() {
+        let b_axis = match n.op_type.as_str() {
             "Conv" => 0,
             // B is K×N, or N×K when transposed: the output channel is N.
             "Gemm" => {
@@ -76,6 +138,8 @@ fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
             "MatMul" if w.dims().len() == 2 => 1,
             _ => continue,
         };
+        // The output channel's axis in the initializer itself.
+        let axis = if transposed.is_some() { 1 - b_axis } else { b_axis };
         let channels = w.dims()[axis];
         let bias_input = match n.op_type.as_str() {
             "Conv" | "Gemm" => n.input(2),
@@ -84,7 +148,7 @@ fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
         let bias = bias_input
             .filter(|b| graph.initializers.get(*b).is_some_and(|t| t.dims() == [channels] && t.dtype() == w.dtype()))
             .map(String::from);
-        found.push(Quantizable { node: i, weight: weight.to_string(), axis, bias });
+        found.push(Quantizable { node: i, weight: weight.to_string(), axis, transposed, bias });
     }
     Ok(found)
 }
@@ -99,6 +163,7 @@ pub fn calibration_output(name: &str) -> String {
 /// ([`calibration_output`]), so one run gives the ranges the activation scales are
 /// calibrated from. Returns the model and the names of the exposed tensors.
 pub fn calibration_model(model: &Model) -> Result<(Model, Vec<String>)> {
+    let model = &inference_form(model)?;
     let mut names: Vec<String> = Vec::new();
     for q in quantizable(model)? {
         let n = &model.graph.nodes[q.node];
@@ -194,6 +259,7 @@ pub fn reference_model(
     ranges: &BTreeMap<String, f32>,
     probes: &[usize],
 ) -> Result<Model> {
+    let model = &inference_form(model)?;
     let targets = quantizable(model)?;
     let by_node: HashMap<usize, &Quantizable> = targets.iter().map(|q| (q.node, q)).collect();
     let src = &model.graph;
@@ -207,6 +273,8 @@ pub fn reference_model(
     };
     let mut quantized_activations: HashMap<String, (String, f32)> = HashMap::new();
     let mut dequantized_weights: HashMap<String, (String, Vec<f32>)> = HashMap::new();
+    let mut transposed_weights: HashSet<String> = HashSet::new();
+    let mut bypassed: HashSet<String> = HashSet::new();
     let inits = &mut out.graph.initializers;
     let nodes = &mut out.graph.nodes;
     for (i, node) in src.nodes.iter().enumerate() {
@@ -241,7 +309,18 @@ pub fn reference_model(
             );
             dequantized_weights.insert(q.weight.clone(), (dname, scales));
         }
-        let (w_dq, w_scales) = dequantized_weights[&q.weight].clone();
+        let (mut w_dq, w_scales) = dequantized_weights[&q.weight].clone();
+        if let Some(t) = &q.transposed {
+            // The op reads the dequantized weight transposed, as it read the float one;
+            // the float Transpose it bypasses is removed below if nothing else reads it.
+            let tname = format!("{}.int8.dqt", q.weight);
+            if !transposed_weights.contains(&tname) {
+                nodes.push(Node::new(format!("{}.int8/transpose", q.weight), "Transpose", &[&w_dq], &[&tname]));
+                transposed_weights.insert(tname.clone());
+            }
+            bypassed.insert(t.clone());
+            w_dq = tname;
+        }
         node.inputs[1] = w_dq;
         // Bias: int32 at the product's scale.
         if let Some(b) = &q.bias {
@@ -275,6 +354,26 @@ pub fn reference_model(
         let scale = scale_of(range(&y)?, QMAX);
         let dq = qdq(nodes, inits, &y_float, &format!("{y}.int8"), scale)?;
         nodes.push(Node::new(format!("{y}.int8/restore"), "Identity", &[&dq], &[&y]));
+        // A quantized op that reads this output directly (a ConvNeXt's Linear after
+        // Linear, a 1×1 Conv after a Conv) reads the same int8 values: quantizing them
+        // a second time would emit a second `{y}.int8` node, which is invalid ONNX.
+        quantized_activations.insert(y, (dq, scale));
+    }
+    // The float Transposes of weights the ops now read quantized, and their float
+    // weights, where nothing else reads them.
+    let read: HashSet<String> = out.graph.nodes.iter().flat_map(|n| n.inputs.iter().cloned()).collect();
+    let graph_outputs: HashSet<&str> = out.graph.outputs.iter().map(|o| o.name.as_str()).collect();
+    let dead = |n: &Node| {
+        n.op_type == "Transpose"
+            && n.outputs
+                .iter()
+                .all(|o| bypassed.contains(o) && !read.contains(o) && !graph_outputs.contains(o.as_str()))
+    };
+    let removed: Vec<String> = out.graph.nodes.iter().filter(|n| dead(n)).flat_map(|n| n.inputs.clone()).collect();
+    out.graph.nodes.retain(|n| !dead(n));
+    let read: HashSet<&str> = out.graph.nodes.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
+    for w in removed.iter().filter(|w| !read.contains(w.as_str())) {
+        out.graph.initializers.shift_remove(w);
     }
     expose_layers(&mut out, model, analysis, probes)?;
     out.producer_name = "edgefreeze-reference".into();
@@ -284,7 +383,7 @@ pub fn reference_model(
 /// The float model with the output of each layer in `probes` exposed as [`probe_name`]:
 /// what the reference model is compared with in tests, and a float reference.
 pub fn probe_model(model: &Model, analysis: &Analysis, probes: &[usize]) -> Result<Model> {
-    let mut out = model.clone();
+    let mut out = inference_form(model)?;
     expose_layers(&mut out, model, analysis, probes)?;
     Ok(out)
 }
@@ -343,6 +442,53 @@ fn qdq(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node_with(op: &str, inputs: &[&str], outputs: &[&str], attrs: &[(&str, i64)]) -> Node {
+        let mut n = Node::new(format!("{op}_0"), op, inputs, outputs);
+        for (k, v) in attrs {
+            n.attributes.insert((*k).into(), Attribute::Int(*v));
+        }
+        n
+    }
+
+    fn model_of(nodes: Vec<Node>, outputs: &[&str]) -> Model {
+        let mut m = Model::default();
+        m.graph.nodes = nodes;
+        m.graph.outputs = outputs
+            .iter()
+            .map(|o| ValueInfo { name: (*o).into(), dtype: None, shape: None, doc_string: String::new() })
+            .collect();
+        m
+    }
+
+    #[test]
+    fn training_mode_exports_run_as_inference() {
+        // TorchScript's training-mode export: BatchNormalization with the running
+        // statistics as outputs, Dropout with its ratio and training_mode as inputs.
+        let bn =
+            node_with("BatchNormalization", &["x", "s", "b", "m", "v"], &["y", "m2", "v2"], &[("training_mode", 1)]);
+        let drop = node_with("Dropout", &["y", "ratio", "train"], &["z", "mask"], &[("seed", 3)]);
+        let m = model_of(vec![bn, drop], &["z"]);
+        let out = inference_form(&m).unwrap();
+        let (bn, drop) = (&out.graph.nodes[0], &out.graph.nodes[1]);
+        assert_eq!((bn.op_type.as_str(), bn.outputs.as_slice()), ("BatchNormalization", &["y".to_string()][..]));
+        assert!(!bn.attributes.contains_key("training_mode"));
+        assert_eq!(bn.inputs.len(), 5, "the running statistics stay inputs");
+        assert_eq!((drop.op_type.as_str(), drop.name.as_str()), ("Identity", "Dropout_0"));
+        assert_eq!((drop.inputs.as_slice(), drop.outputs.as_slice()), (&["y".to_string()][..], &["z".to_string()][..]));
+        assert!(drop.attributes.is_empty());
+    }
+
+    #[test]
+    fn an_extra_output_that_is_read_is_an_error_naming_the_node() {
+        let bn =
+            node_with("BatchNormalization", &["x", "s", "b", "m", "v"], &["y", "m2", "v2"], &[("training_mode", 1)]);
+        let reader = Node::new("reads_mean", "Identity", &["m2"], &["w"]);
+        let err = inference_form(&model_of(vec![bn.clone(), reader], &["y", "w"])).unwrap_err().to_string();
+        assert!(err.contains("BatchNormalization_0") && err.contains("m2"), "{err}");
+        // A graph output counts as read.
+        assert!(inference_form(&model_of(vec![bn], &["y", "v2"])).is_err());
+    }
 
     #[test]
     fn per_channel_scales_follow_the_axis() {

@@ -159,8 +159,32 @@ fn node_to_proto(node: &Node) -> pb::NodeProto {
         name: node.name.clone(),
         op_type: node.op_type.clone(),
         domain: node.domain.clone(),
-        attribute: node.attributes.iter().map(|(name, a)| attribute_to_proto(name, a)).collect(),
+        attribute: node
+            .attributes
+            .iter()
+            .map(|(name, a)| match zero_constant_value(node, name, a) {
+                Some(t) => attribute_to_proto("value", &Attribute::Tensor(t)),
+                None => attribute_to_proto(name, a),
+            })
+            .collect(),
         doc_string: node.doc_string.clone(),
+    }
+}
+
+/// A Constant whose `value_int` or `value_float` is zero, as the tensor it stands for.
+/// The protobuf types encode a scalar field at its default (0) as absent, and ONNX's
+/// shape inference refuses a Constant whose `value_int` has no value: dynamo writes such
+/// Constants (ConvNeXt's), and a graph carrying one would fail `onnx.checker`. Engines
+/// read the tensor form the same; other attributes at 0 read as absent mean their
+/// default or are checked no further, so they stay as they are.
+fn zero_constant_value(node: &Node, name: &str, a: &Attribute) -> Option<Tensor> {
+    if node.op_type != "Constant" || !node.domain.is_empty() {
+        return None;
+    }
+    match (name, a) {
+        ("value_int", Attribute::Int(0)) => Tensor::from_i64(vec![], &[0]).ok(),
+        ("value_float", Attribute::Float(v)) if *v == 0.0 => Tensor::from_f32(vec![], &[*v]).ok(),
+        _ => None,
     }
 }
 
@@ -226,5 +250,38 @@ fn value_info_to_proto(v: &ValueInfo) -> pb::ValueInfoProto {
             value: Some(pb::type_proto::Value::TensorType(tensor_type)),
         }),
         doc_string: v.doc_string.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn constant(attr: &str, value: Attribute) -> pb::NodeProto {
+        let mut node = Node::new("c", "Constant", &[], &["k"]);
+        node.attributes.insert(attr.into(), value);
+        // Through the bytes, as a file would carry it.
+        pb::NodeProto::decode(node_to_proto(&node).encode_to_vec().as_slice()).unwrap()
+    }
+
+    #[test]
+    fn a_zero_constant_is_saved_as_the_tensor_it_stands_for() {
+        let p = constant("value_int", Attribute::Int(0));
+        assert_eq!(p.attribute.len(), 1);
+        assert_eq!(p.attribute[0].name, "value");
+        let t = p.attribute[0].t.as_ref().unwrap();
+        assert!(
+            t.dims.is_empty() && t.data_type == crate::DataType::Int64.to_onnx() && t.raw_data == 0i64.to_le_bytes()
+        );
+        // The sign of a zero float survives too.
+        let p = constant("value_float", Attribute::Float(-0.0));
+        let t = p.attribute[0].t.as_ref().unwrap();
+        assert_eq!(t.raw_data, (-0.0f32).to_le_bytes());
+        // Other values, and zero attributes of other ops, keep their form.
+        let p = constant("value_int", Attribute::Int(3));
+        assert_eq!((p.attribute[0].name.as_str(), p.attribute[0].i), ("value_int", 3));
+        let mut concat = Node::new("cat", "Concat", &["a", "b"], &["c"]);
+        concat.attributes.insert("axis".into(), Attribute::Int(0));
+        assert_eq!(node_to_proto(&concat).attribute[0].name, "axis");
     }
 }

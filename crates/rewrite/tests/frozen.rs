@@ -1,9 +1,9 @@
 //! Frozen-prefix steps, probes and the cached-activation pair, each against the graph it
-//! replaces, on ONNX Runtime and tract.
+//! replaces, on ONNX Runtime and tract; the cached pair also on every zoo fixture.
 
 mod common;
 
-use common::{batch_of, distance, engines, floats, model, run, state_of};
+use common::{batch_of, distance, engines, floats, model, run, state_of, zoo, zoo_fixtures};
 use edgefreeze_autodiff::artifacts::{Role, convert};
 use edgefreeze_autodiff::{Loss, Optimizer, TrainingSpec, training_step_graph};
 use edgefreeze_engine::Value;
@@ -175,25 +175,30 @@ fn probes_are_the_activations_of_the_training_forward() {
     assert!(matches!(err, RewriteError::Probe { .. }), "{err}");
 }
 
-/// Prefix then suffix against the frozen step with K = cut + 1, on every output.
+/// Prefix then suffix against the frozen step with K = cut + 1, on every output (a
+/// bundled model).
 fn check_cached_pair(file: &str, cuts: &[usize], batch: usize) {
-    let m = model(file);
-    let state = state_of(&m);
+    check_cached_pair_of(file, &model(file), cuts, batch);
+}
+
+/// Prefix then suffix against the frozen step with K = cut + 1, on every output.
+fn check_cached_pair_of(file: &str, m: &edgefreeze_graph::Model, cuts: &[usize], batch: usize) {
+    let state = state_of(m);
     let mut worst: f64 = 0.0;
     for &cut in cuts {
         // Probes of the layers behind the cut: the same values from both.
-        let behind: Vec<usize> = (cut + 1..analyse(&m).unwrap().layers.len()).collect();
-        let frozen = frozen_prefix_step(&m, &spec(), cut + 1, &behind).unwrap();
-        let prefix = prefix_graph(&m, cut).unwrap();
-        let suffix = suffix_step_with_probes(&m, cut, &spec(), &behind).unwrap();
-        assert_eq!(outputs(&suffix_step(&m, cut, &spec()).unwrap()).len() + behind.len(), outputs(&suffix).len());
-        let err = suffix_step_with_probes(&m, cut, &spec(), &[cut]).unwrap_err();
+        let behind: Vec<usize> = (cut + 1..analyse(m).unwrap().layers.len()).collect();
+        let frozen = frozen_prefix_step(m, &spec(), cut + 1, &behind).unwrap();
+        let prefix = prefix_graph(m, cut).unwrap();
+        let suffix = suffix_step_with_probes(m, cut, &spec(), &behind).unwrap();
+        assert_eq!(outputs(&suffix_step(m, cut, &spec()).unwrap()).len() + behind.len(), outputs(&suffix).len());
+        let err = suffix_step_with_probes(m, cut, &spec(), &[cut]).unwrap_err();
         assert!(matches!(err, RewriteError::Probe { .. }), "a probe in front of the cut: {err}");
         assert_eq!(outputs(&prefix), [ACTIVATION]);
         assert!(inputs(&suffix).contains(&ACTIVATION.to_string()));
         for (engine, kind) in engines() {
             let mut given = state.clone();
-            given.extend(batch_of(&m, 0, batch));
+            given.extend(batch_of(m, 0, batch));
             let expected = run(&kind, &frozen, &given);
             let activation = run(&kind, &prefix, &given).remove(ACTIVATION).unwrap();
             given.insert(ACTIVATION.into(), activation);
@@ -272,4 +277,38 @@ fn every_state_tensor_has_a_layer_and_roles_keep_their_json_names() {
         assert!(names.contains(&role), "{role}");
     }
     assert!(json["state"][0].get("side").is_none(), "no side outside split manifests");
+}
+
+/// Models we did not write (tests/fixtures/zoo, both exporters): prefix then suffix is
+/// the frozen step at the first cut and a middle one, on both engines.
+macro_rules! zoo_cached_pair_tests {
+    ($($name:ident => $stem:literal;)*) => {
+        $(#[test] fn $name() {
+            let m = zoo($stem);
+            let cuts: Vec<usize> = analyse(&m).unwrap().cuts.iter().map(|c| c.after_layer).collect();
+            check_cached_pair_of($stem, &m, &[cuts[0], cuts[cuts.len() / 2]], 3);
+        })*
+
+        #[test]
+        fn every_zoo_fixture_has_a_cached_pair_test() {
+            let tested = [$($stem),*];
+            for stem in zoo_fixtures() {
+                assert!(tested.contains(&stem.as_str()), "{stem} has no cached-pair test");
+            }
+        }
+    };
+}
+
+zoo_cached_pair_tests! {
+    cached_pair_zoo_convnext_mini_dynamo => "convnext_mini.dynamo";
+    cached_pair_zoo_efficientnet_b0_ts => "efficientnet_b0_025.ts";
+    cached_pair_zoo_mobilenet_v3_small_dynamo => "mobilenet_v3_small_025.dynamo";
+    cached_pair_zoo_mobilenet_v3_small_ts => "mobilenet_v3_small_025.ts";
+    cached_pair_zoo_shufflenet_v2_mini_dynamo => "shufflenet_v2_mini.dynamo";
+    cached_pair_zoo_squeezenet_mini_ts => "squeezenet_mini.ts";
+    cached_pair_zoo_swin_mini_dynamo => "swin_mini.dynamo";
+    cached_pair_zoo_swin_mini_ts => "swin_mini.ts";
+    cached_pair_zoo_tfenc_bf_pre_gelu_ts => "tfenc_bf_pre_gelu.ts";
+    cached_pair_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo";
+    cached_pair_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts";
 }
