@@ -107,12 +107,14 @@ fn quantizable(model: &Model) -> Result<Vec<Quantizable>> {
         let (weight, transposed) = if graph.initializers.contains_key(b) {
             (b, None)
         } else {
-            let Some(t) = producers.get(b).map(|&p| &graph.nodes[p]) else { continue };
+            let Some(t) = producers.get(b).map(|&p| &graph.nodes[p]).filter(|t| t.op_type == "Transpose") else {
+                continue;
+            };
             let Some(w) = t.input(0).filter(|w| graph.initializers.get(*w).is_some_and(|w| w.dims().len() == 2)) else {
                 continue;
             };
-            let perm = t.attr_ints("perm").map_err(FreezeError::Graph)?;
-            if t.op_type != "Transpose" || perm.is_some_and(|p| p != [1, 0]) {
+            // A 2-D Transpose swaps the axes, with or without its `perm`.
+            if t.attr_ints("perm").map_err(FreezeError::Graph)?.is_some_and(|p| p != [1, 0]) {
                 continue;
             }
             (w, Some(b.to_string()))
