@@ -42,6 +42,10 @@ const QMAX: f32 = 127.0;
 /// calls this `reduce_range`.
 const WEIGHT_QMAX: f32 = 63.0;
 
+/// The largest int32 bias magnitude the weight scales leave room for: 2³⁰, a factor 2
+/// below the type's limit, so that rounding the scales cannot push a bias over it.
+const BIAS_QMAX: f32 = 1_073_741_824.0;
+
 /// A matrix product whose weight is an initializer: what gets quantized.
 struct Quantizable {
     node: usize,
@@ -231,8 +235,9 @@ pub fn with_parameters(model: &Model, values: &[(String, Tensor)]) -> Result<Mod
 }
 
 /// Per-channel symmetric 7-bit quantization of a weight along `axis`, stored as int8:
-/// (int8 values, scales).
-fn quantize_per_channel(w: &Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
+/// (int8 values, scales). Each channel's scale is at least its entry of `least` (empty:
+/// no bound).
+fn quantize_per_channel(w: &Tensor, axis: usize, least: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let values = w.to_f32_vec().unwrap_or_default();
     let dims = w.dims();
     let channels = dims[axis];
@@ -243,7 +248,11 @@ fn quantize_per_channel(w: &Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
         let c = channel_of(i);
         max[c] = max[c].max(v.abs());
     }
-    let scales: Vec<f32> = max.iter().map(|&m| scale_of(m, WEIGHT_QMAX)).collect();
+    let scales: Vec<f32> = max
+        .iter()
+        .enumerate()
+        .map(|(c, &m)| scale_of(m, WEIGHT_QMAX).max(least.get(c).copied().unwrap_or(0.0)))
+        .collect();
     let q = values
         .iter()
         .enumerate()
@@ -297,7 +306,21 @@ pub fn reference_model(
         // Weight: per-channel int8.
         if !dequantized_weights.contains_key(&q.weight) {
             let w = &src.initializers[&q.weight];
-            let (values, scales) = quantize_per_channel(w, q.axis);
+            // The bias is stored as int32 at scale x_scale · w_scale: a channel whose
+            // weights are almost zero (one that weight decay has all but switched off)
+            // and whose bias is not would need more than 32 bits, and the cast would
+            // clamp it silently (a bias of 0.5 came out 0.085). Its weight scale is
+            // raised until the bias fits, as ONNX Runtime's quantizer does; its weights
+            // then round to fewer levels, which is all such a channel has.
+            let least: Vec<f32> = q
+                .bias
+                .as_ref()
+                .map(|b| {
+                    let values = src.initializers[b].to_f32_vec().unwrap_or_default();
+                    values.iter().map(|v| v.abs() / (x_scale * BIAS_QMAX)).collect()
+                })
+                .unwrap_or_default();
+            let (values, scales) = quantize_per_channel(w, q.axis, &least);
             let base = format!("{}.int8", q.weight);
             let (qname, sname, zname, dname) =
                 (format!("{base}.q"), format!("{base}.scale"), format!("{base}.zero"), format!("{base}.dq"));
@@ -328,11 +351,19 @@ pub fn reference_model(
         if let Some(b) = &q.bias {
             let values = src.initializers[b].to_f32_vec().unwrap_or_default();
             let scales: Vec<f32> = w_scales.iter().map(|s| s * x_scale).collect();
-            let q32: Vec<u8> = values
-                .iter()
-                .zip(&scales)
-                .flat_map(|(v, s)| ((f64::from(*v) / f64::from(*s)).round() as i32).to_le_bytes())
-                .collect();
+            let mut q32: Vec<u8> = Vec::with_capacity(4 * values.len());
+            for (c, (v, s)) in values.iter().zip(&scales).enumerate() {
+                let q = (f64::from(*v) / f64::from(*s)).round();
+                // Only a weight shared by ops whose inputs have other scales can get
+                // here (the scales leave room for the bias of the op quantized first).
+                if q.abs() > f64::from(i32::MAX) {
+                    return Err(FreezeError::Reference(format!(
+                        "node {:?}: bias {b:?} channel {c} ({v}) does not fit int32 at scale {s:e}",
+                        node.name
+                    )));
+                }
+                q32.extend_from_slice(&(q as i32).to_le_bytes());
+            }
             let base = format!("{b}.int32.{i}");
             let (qname, sname, zname, dname) =
                 (format!("{base}.q"), format!("{base}.scale"), format!("{base}.zero"), format!("{base}.dq"));
@@ -361,22 +392,22 @@ pub fn reference_model(
         // a second time would emit a second `{y}.int8` node, which is invalid ONNX.
         quantized_activations.insert(y, (dq, scale));
     }
-    // The float Transposes of weights the ops now read quantized, and their float
-    // weights, where nothing else reads them.
-    let read: HashSet<String> = out.graph.nodes.iter().flat_map(|n| n.inputs.iter().cloned()).collect();
-    let graph_outputs: HashSet<&str> = out.graph.outputs.iter().map(|o| o.name.as_str()).collect();
-    let dead = |n: &Node| {
-        n.op_type == "Transpose"
-            && n.outputs
-                .iter()
-                .all(|o| bypassed.contains(o) && !read.contains(o) && !graph_outputs.contains(o.as_str()))
+    // The float Transposes of weights the ops now read quantized, then every float
+    // weight nothing reads any more: a reference is encoded and loaded at every rebuild,
+    // and VGG-11's would carry 515 of its 644 MB unread. An initializer the export also
+    // lists as a graph input (`keep_initializers_as_inputs`) leaves that list with it, or
+    // the engine would wait for a value nobody gives.
+    let graph_outputs: HashSet<String> = out.graph.outputs.iter().map(|o| o.name.clone()).collect();
+    let read_now = |nodes: &[Node]| -> HashSet<String> {
+        nodes.iter().flat_map(|n| n.inputs.iter().cloned()).chain(graph_outputs.iter().cloned()).collect()
     };
-    let removed: Vec<String> = out.graph.nodes.iter().filter(|n| dead(n)).flat_map(|n| n.inputs.clone()).collect();
-    out.graph.nodes.retain(|n| !dead(n));
-    let read: HashSet<&str> = out.graph.nodes.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
-    for w in removed.iter().filter(|w| !read.contains(w.as_str())) {
-        out.graph.initializers.shift_remove(w);
-    }
+    let read = read_now(&out.graph.nodes);
+    out.graph
+        .nodes
+        .retain(|n| !(n.op_type == "Transpose" && n.outputs.iter().all(|o| bypassed.contains(o) && !read.contains(o))));
+    let read = read_now(&out.graph.nodes);
+    out.graph.initializers.retain(|name, _| read.contains(name));
+    out.graph.initializer_inputs.retain(|v| read.contains(&v.name));
     expose_layers(&mut out, model, analysis, probes)?;
     out.producer_name = "edgefreeze-reference".into();
     Ok(out)
@@ -496,16 +527,40 @@ mod tests {
     fn per_channel_scales_follow_the_axis() {
         // 2 output channels × 3: channel 0 reaches 0.63, channel 1 reaches 0.126.
         let w = Tensor::from_f32(vec![2, 3], &[0.63, -0.25, 0.0, 0.05, -0.126, 0.1]).unwrap();
-        let (q, s) = quantize_per_channel(&w, 0);
+        let (q, s) = quantize_per_channel(&w, 0, &[]);
         assert!((s[0] - 0.01).abs() < 1e-9 && (s[1] - 0.002).abs() < 1e-9, "{s:?}");
         assert_eq!(q, vec![63, -25, 0, 25, -63, 50]);
         // Along axis 1 (3 channels of 2 values each).
-        let (q, s) = quantize_per_channel(&w, 1);
+        let (q, s) = quantize_per_channel(&w, 1, &[]);
         assert_eq!(s.len(), 3);
         // Channel 0 is {0.63, 0.05}, channel 1 {-0.25, -0.126}, channel 2 {0, 0.1}.
         assert_eq!((q[0], q[3]), (63, 5));
         assert_eq!(q[1], -63);
         assert_eq!((q[2], q[5]), (0, 63));
+    }
+
+    #[test]
+    fn a_bias_fits_int32_however_small_its_channels_weights() {
+        // A 1×1 Conv with two channels: channel 1's weights all but zero, its bias 0.5.
+        let mut m = Model { opset_imports: vec![(String::new(), 17)], ..Default::default() };
+        m.graph.inputs = vec![ValueInfo::new("x", DataType::Float32, fixed_shape(&[1, 2, 1, 1]))];
+        m.graph.outputs = vec![ValueInfo::new("y", DataType::Float32, fixed_shape(&[1, 2, 1, 1]))];
+        let w = [0.8, -0.4, 3e-7, -2e-7];
+        m.graph.initializers.insert("w".into(), Tensor::from_f32(vec![2, 2, 1, 1], &w).unwrap());
+        m.graph.initializers.insert("b".into(), Tensor::from_f32(vec![2], &[0.1, 0.5]).unwrap());
+        m.graph.nodes = vec![Node::new("conv", "Conv", &["x", "w", "b"], &["y"])];
+        let analysis = edgefreeze_graph::analyse(&m).unwrap();
+        let ranges: BTreeMap<String, f32> = [("x".to_string(), 1.0), ("y".to_string(), 1.5)].into();
+        let r = reference_model(&m, &analysis, &ranges, &[]).unwrap();
+        let q = &r.graph.initializers["b.int32.0.q"];
+        let scales = r.graph.initializers["b.int32.0.scale"].to_f32_vec().unwrap();
+        let ints: Vec<i32> = q.raw_bytes().chunks(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        // The dequantized bias is the bias, to its scale's rounding.
+        for (c, want) in [0.1f32, 0.5].iter().enumerate() {
+            let got = ints[c] as f32 * scales[c];
+            assert!((got - want).abs() <= scales[c], "channel {c}: {got} for {want}");
+        }
+        assert!(ints.iter().all(|v| v.unsigned_abs() <= BIAS_QMAX as u32), "{ints:?}");
     }
 
     #[test]
@@ -520,7 +575,7 @@ mod tests {
         // The largest weight of any channel, times the largest shifted activation, twice,
         // fits in an int16 (see WEIGHT_QMAX).
         let w = Tensor::from_f32(vec![1, 4], &[-3.0, 1.0, 2.9, 3.0]).unwrap();
-        let (q, _) = quantize_per_channel(&w, 0);
+        let (q, _) = quantize_per_channel(&w, 0, &[]);
         let widest = q.iter().map(|v| i32::from(*v).abs()).max().unwrap();
         assert_eq!(widest, WEIGHT_QMAX as i32);
         assert!(2 * 255 * widest <= i32::from(i16::MAX));
