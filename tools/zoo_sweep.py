@@ -18,7 +18,7 @@ For every (model, exporter) this
    probability to 0 (the gradient comparison needs a deterministic forward; a
    training-mode Dropout node is still exported);
 2. exports it in training mode: TorchScript with ``training=TrainingMode.TRAINING,
-   opset_version=17, do_constant_folding=False`` and a dynamic batch axis, or dynamo
+   opset_version=17 (`--ts-opset`), do_constant_folding=False`` and a dynamic batch axis, or dynamo
    with ``dynamic_shapes`` (batch) and ``optimize=False``;
 3. runs ``edgefreeze inspect`` and ``edgefreeze convert`` (wall time and peak
    resident memory of the process, from ``wait4``);
@@ -66,6 +66,9 @@ NUM_CLASSES = 10
 BATCH = 4
 # --side: the input side of this run instead of the table's (None: the table's).
 SIDE = None
+# --ts-opset: the TorchScript exporter's opset_version (17 unless a run asks otherwise; 13 gives
+# the five-output training-mode BatchNormalization of opsets 9 to 13).
+TS_OPSET = 17
 DATA_SEED = 1234
 
 # (name, input side) -- the smallest input each architecture accepts, 64x64 where it works.
@@ -243,7 +246,7 @@ def export(model: nn.Module, x: torch.Tensor, exporter: str, path: str):
     model.train()
     if exporter == "ts":
         torch.onnx.export(model, (x,), path, dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
-                          opset_version=17, do_constant_folding=False, input_names=["input"],
+                          opset_version=TS_OPSET, do_constant_folding=False, input_names=["input"],
                           output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     else:
         batch = torch.export.Dim("batch", min=2, max=4096)
@@ -957,7 +960,7 @@ def merge_tables(paths, table, command=None, keep_rows=False):
 
 
 def main():
-    global BATCH, SIDE
+    global BATCH, SIDE, TS_OPSET
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/zoo")
     ap.add_argument("--table", default=None)
@@ -982,6 +985,7 @@ def main():
     ap.add_argument("--f64-from", default=None,
                     help="comma-separated results.jsonl files of --f64-check runs: write the float64 section of "
                     "--table")
+    ap.add_argument("--ts-opset", type=int, default=17, help="the TorchScript export's opset_version")
     ap.add_argument("--times-from", default=None,
                     help="comma-separated results.jsonl files of --convert-only runs: write the convert-time "
                     "section of --table")
@@ -994,6 +998,7 @@ def main():
     args = ap.parse_args()
     BATCH = args.batch
     SIDE = args.side
+    TS_OPSET = args.ts_opset
     if args.times_from:
         write_times(args.times_from.split(","), args.table,
                     f"python3 tools/zoo_sweep.py --bin target/release/edgefreeze --convert-only --out <dir>; "

@@ -42,6 +42,7 @@ pub fn rewrite_for_training(
     let mut uses_dropout_seed = false;
     let mut composites = gelu_groups(nodes, types);
     composites.extend(silu_groups(nodes));
+    let read: HashSet<&str> = nodes.iter().flat_map(|n| n.inputs.iter().map(String::as_str)).collect();
     for node in nodes {
         emitter.set_prefix(&node.name);
         if inference.contains(&node.name) && rewrite_for_inference(node, types, emitter)? {
@@ -50,6 +51,14 @@ pub fn rewrite_for_training(
         }
         match node.op_type.as_str() {
             "BatchNormalization" => {
+                // Outputs 1 and 2 (the updated running statistics) become state updates, and
+                // 3 and 4 (opsets 9 to 13: the batch's saved statistics) are not computed.
+                if let Some(out) = node.outputs.iter().skip(1).find(|o| !o.is_empty() && read.contains(o.as_str())) {
+                    return Err(AutodiffError::node(
+                        node,
+                        format!("its output {out:?} is read by another node; training computes only output 0"),
+                    ));
+                }
                 composites.push(batch_norm(node, types, emitter, &mut running_updates)?);
             }
             "LayerNormalization" => composites.extend(layer_norm(node, types, emitter)?),

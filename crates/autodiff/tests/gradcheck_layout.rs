@@ -172,16 +172,10 @@ fn batch_and_layer_normalization_train_from_batch_statistics() {
 /// central difference is exact whatever the step).
 #[test]
 fn concat_with_symbolic_sizes_along_the_axis() {
-    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    use edgefreeze_graph::ir::{Dim, Graph, ValueInfo};
     let mut rng = Rng::new(18);
-    let f64s = |rng: &mut Rng, dims: &[usize]| {
-        let n = dims.iter().product();
-        Tensor::from_f64_as(DataType::Float64, dims.to_vec(), &rng.values(n, -1.0, 1.0)).unwrap()
-    };
-    let int_const = |name: &str, v: &[i64]| {
-        Node::new(name, "Constant", &[], &[name])
-            .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![v.len()], v).unwrap()))
-    };
+    let f64s = f64_tensor;
+    let int_const = |name: &str, v: &[i64]| int_constant(name, vec![v.len()], v);
     let mut graph = Graph { name: "concat".into(), ..Default::default() };
     let batch = Dim::Symbol("batch".into());
     graph.inputs.push(ValueInfo::new("x", DataType::Float64, vec![batch, Dim::Fixed(2), Dim::Fixed(3)]));
@@ -220,11 +214,77 @@ fn concat_with_symbolic_sizes_along_the_axis() {
         Node::new("s2", "ReduceSum", &["u3"], &["l2"]).with_attr("keepdims", Attribute::Int(0)),
         Node::new("total", "Add", &["l0", "l2"], &["objective"]),
     ];
-    graph.outputs.push(ValueInfo { name: "objective".into(), dtype: None, shape: None, doc_string: String::new() });
-    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
-    let model = edgefreeze_graph::prepare(model).expect("the model is valid");
-    let tok = model.graph.value_type("tok").and_then(|v| v.shape).expect("a shape");
-    assert_eq!(tok[1], Dim::Unknown, "the class token's size along the axis must be unknown to the loader");
+    // The class token's size along the axis must be unknown to the loader.
     let x: Feed = ("x".into(), vec![3, 2, 3], rng.values(18, -1.0, 1.0));
-    check_on_engines("Concat", &model, &[x], Tolerance { h: 1e-2, abs: 1e-8, rel: 1e-7 });
+    check_with_an_unknown_size("Concat", graph, 17, ("tok", 1), x);
+}
+
+/// A float64 tensor of uniform values in [-1, 1].
+fn f64_tensor(rng: &mut Rng, dims: &[usize]) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_f64_as(DataType::Float64, dims.to_vec(), &rng.values(n, -1.0, 1.0)).unwrap()
+}
+
+/// A Constant node named as its int64 value.
+fn int_constant(name: &str, dims: Vec<usize>, values: &[i64]) -> Node {
+    Node::new(name, "Constant", &[], &[name])
+        .with_attr("value", Attribute::Tensor(Tensor::from_i64(dims, values).unwrap()))
+}
+
+/// Imports a hand-built graph whose loss is `objective`, asserts that the loader cannot
+/// size axis `unknown.1` of value `unknown.0` (what the test is about), and checks the
+/// gradients on tract and ONNX Runtime against central differences (the losses are
+/// quadratic, so a central difference is exact whatever the step).
+fn check_with_an_unknown_size(
+    what: &str,
+    mut graph: edgefreeze_graph::ir::Graph,
+    opset: i64,
+    unknown: (&str, usize),
+    x: Feed,
+) {
+    use edgefreeze_graph::ir::{Dim, Model, ValueInfo};
+    graph.outputs.push(ValueInfo { name: "objective".into(), dtype: None, shape: None, doc_string: String::new() });
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), opset)], graph, ..Default::default() };
+    let model = edgefreeze_graph::prepare(model).expect("the model is valid");
+    let shape = model.graph.value_type(unknown.0).and_then(|v| v.shape).expect("a shape");
+    assert_eq!(shape[unknown.1], Dim::Unknown, "{what}: {} must have an axis the loader cannot size", unknown.0);
+    check_on_engines(what, &model, &[x], Tolerance { h: 1e-2, abs: 1e-8, rel: 1e-7 });
+}
+
+/// Before opset 16, Gather's gradient is a one-hot product, which once needed every
+/// dimension of the data. Swin exported by TorchScript before opset 17 picks q, k and v
+/// (axis 0) out of a tensor whose next axis is the batch times the windows, a product
+/// the loader cannot name: the gradient reads that size at run time. Checked on tract and
+/// ONNX Runtime with batch 3 against central differences (the loss is quadratic).
+#[test]
+fn gather_before_opset_16_with_an_unknown_trailing_size() {
+    use edgefreeze_graph::ir::{Dim, Graph, ValueInfo};
+    let mut rng = Rng::new(19);
+    let (f64s, int_const) = (f64_tensor, int_constant);
+    let mut graph = Graph { name: "gather13".into(), ..Default::default() };
+    graph.inputs.push(ValueInfo::new("x", DataType::Float64, vec![Dim::Symbol("batch".into()), Dim::Fixed(6)]));
+    graph.initializers.insert("w".into(), f64s(&mut rng, &[6]));
+    let r = f64s(&mut rng, &[2]);
+    graph.nodes = vec![
+        Node::new("scale", "Mul", &["x", "w"], &["h"]),
+        // [3, 2·batch]: the second size is unknown to the loader.
+        int_const("rows", vec![2], &[3, -1]),
+        Node::new("split", "Reshape", &["h", "rows"], &["stack"]),
+        // The middle row, as a vector, and rows 2 and 0 as a [2, 2·batch] matrix.
+        int_const("one", vec![], &[1]),
+        Node::new("pick", "Gather", &["stack", "one"], &["k"]).with_attr("axis", Attribute::Int(0)),
+        int_const("two", vec![2], &[2, 0]),
+        Node::new("pick2", "Gather", &["stack", "two"], &["qv"]).with_attr("axis", Attribute::Int(0)),
+        Node::new("sq", "Mul", &["k", "k"], &["k2"]),
+        Node::new("s1", "ReduceSum", &["k2"], &["l1"]).with_attr("keepdims", Attribute::Int(0)),
+        int_const("cols", vec![2], &[-1, 2]),
+        Node::new("pairs", "Reshape", &["qv", "cols"], &["qv2"]),
+        Node::new("sq2", "Mul", &["qv2", "qv2"], &["qv3"]),
+        Node::new("r", "Constant", &[], &["r"]).with_attr("value", Attribute::Tensor(r)),
+        Node::new("wr", "Mul", &["qv3", "r"], &["qv4"]),
+        Node::new("s2", "ReduceSum", &["qv4"], &["l2"]).with_attr("keepdims", Attribute::Int(0)),
+        Node::new("total", "Add", &["l1", "l2"], &["objective"]),
+    ];
+    let x: Feed = ("x".into(), vec![3, 6], rng.values(18, -1.0, 1.0));
+    check_with_an_unknown_size("Gather", graph, 13, ("stack", 1), x);
 }

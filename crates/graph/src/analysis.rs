@@ -139,7 +139,22 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
     let crossing = crossing_values(graph, &order, &position, &classes);
 
     // Preliminary layers start at anchors; a boundary survives only where one tensor crosses.
-    let mut bounds: Vec<usize> = starts.into_iter().filter(|&p| p > 0 && crossing[p].len() == 1).collect();
+    // Where more than one crosses in front of an anchor, the layer may still start earlier,
+    // after the previous anchor, where its input alone crosses: a LayerNormalization spelled
+    // out in primitive ops (TorchScript before opset 17: ReduceMean, Sub, Pow, ..., then Mul
+    // and Add of its weight and bias) reads the residual stream ahead of the attention's
+    // MatMul, the first anchor, where the stream and the normalised value both cross. Such
+    // an earlier start follows a data node: the parameter-only nodes placed in front of an
+    // anchor (a zero bias expanded to the weight's shape) stay with it.
+    let mut bounds: Vec<usize> = Vec::new();
+    let mut previous = 0;
+    for p in starts {
+        let after_data = |q: usize| q == p || classes.data[order[q - 1]];
+        if let Some(q) = (previous + 1..=p).rev().find(|&q| crossing[q].len() == 1 && after_data(q)) {
+            bounds.push(q);
+        }
+        previous = p;
+    }
     bounds.dedup();
     let mut ranges = Vec::new();
     let mut begin = 0;
@@ -356,6 +371,21 @@ fn crossing_values(
         last_use.insert(out.name.as_str(), n);
     }
     let mut crossing = vec![Vec::new(); n + 1];
+    // A graph input read for its values behind a position crosses it too: a part behind
+    // the cut would need the input as well (a Transformer's padding mask, `Equal(tokens,
+    // 0)`, placed after the embedding). Reads of its shape alone (the batch size for a
+    // late Reshape) do not count, as for the cut's tensor either side can recompute them.
+    for input in &graph.inputs {
+        let last = order.iter().enumerate().rev().find_map(|(p, &i)| {
+            let node = &graph.nodes[i];
+            node.inputs.iter().enumerate().any(|(k, v)| *v == input.name && !is_metadata_input(node, k)).then_some(p)
+        });
+        if let Some(last) = last {
+            for slot in crossing.iter_mut().take(last + 1) {
+                slot.push(input.name.clone());
+            }
+        }
+    }
     for &i in order {
         let produced_at = position[&i];
         for out in graph.nodes[i].outputs.iter().filter(|o| classes.data_values.contains(*o)) {

@@ -2,7 +2,7 @@
 //! toolchain needs to know about a model.
 //!
 //! Import goes in phases, each its own module: [`load`] parses the protobuf (and external
-//! data), [`sort`] orders the nodes, [`sequence`] turns `torch.chunk`'s tensor sequences
+//! data), [`upgrade`] brings opsets 9 to 12 to 13, [`sort`] orders the nodes, [`sequence`] turns `torch.chunk`'s tensor sequences
 //! into `Split`s, [`ops`] checks every op is supported, [`fold`] folds
 //! constant subgraphs, and [`infer`] gives every value a type and shape. [`save`] writes
 //! the model back. [`analysis`] groups nodes into layers and finds the cut points that
@@ -23,6 +23,7 @@ pub mod sequence;
 pub mod sort;
 pub mod tensor;
 pub mod untie;
+pub mod upgrade;
 
 pub use analysis::{Analysis, Cut, Layer, analyse};
 pub use dtype::DataType;
@@ -46,10 +47,12 @@ pub fn import(path: impl AsRef<Path>) -> Result<Model> {
 
 /// Runs the import phases after parsing on an in-memory model.
 pub fn prepare(mut model: Model) -> Result<Model> {
+    let softmax = upgrade::upgrade_opset(&mut model)?;
     ops::check_opset(&model.opset_imports)?;
     sort::sort_topologically(&mut model.graph)?;
     sequence::rewrite_sequences(&mut model)?;
     ops::check_supported(&model.graph)?;
+    upgrade::coerced_softmax(&mut model, &softmax)?;
     untie::untie_identity_initializers(&mut model.graph);
     fold::fold_constants(&mut model)?;
     record_types(&mut model)?;

@@ -142,3 +142,110 @@ fn a_sequence_position_not_known_at_load_time_is_an_error_naming_the_node() {
     let err = prepare(model(17, inputs, nodes, &["item"])).unwrap_err().to_string();
     assert!(err.contains("\"at\"") && err.contains("position"), "{err}");
 }
+
+/// An embedding (a MatMul), then two pre-norm residual blocks, `x + MatMul(LN(x), W)`, with LayerNormalization spelled
+/// out as TorchScript writes it before opset 17 (ReduceMean, Sub, Pow, ReduceMean, Add,
+/// Sqrt, Div, then Mul and Add of its weight and bias) or as the one op.
+fn pre_norm_blocks(opset: i64) -> edgefreeze_graph::Model {
+    let float = |name: &str, v: f32| {
+        Node::new(name, "Constant", &[], &[name])
+            .with_attr("value", Attribute::Tensor(edgefreeze_graph::Tensor::from_f32(vec![], &[v]).unwrap()))
+    };
+    let mut nodes = vec![Node::new("embed", "MatMul", &["x", "we"], &["e"])];
+    for (k, x) in ["e", "r0"].iter().enumerate() {
+        let n = |s: &str| format!("{s}{k}");
+        if opset >= 17 {
+            nodes.push(
+                Node::new(n("ln"), "LayerNormalization", &[x, &n("g"), &n("b")], &[&n("o")])
+                    .with_attr("axis", Attribute::Int(-1)),
+            );
+        } else {
+            let mean = |name: &str, input: &str, out: &str| {
+                Node::new(name, "ReduceMean", &[input], &[out]).with_attr("axes", ints_attr(&[-1]))
+            };
+            nodes.extend([
+                mean(&n("mean"), x, &n("mu")),
+                Node::new(n("sub"), "Sub", &[x, &n("mu")], &[&n("d")]),
+                float(&n("two"), 2.0),
+                Node::new(n("pow"), "Pow", &[&n("d"), &n("two")], &[&n("d2")]),
+                mean(&n("var"), &n("d2"), &n("v")),
+                float(&n("eps"), 1e-5),
+                Node::new(n("addeps"), "Add", &[&n("v"), &n("eps")], &[&n("ve")]),
+                Node::new(n("sqrt"), "Sqrt", &[&n("ve")], &[&n("s")]),
+                Node::new(n("div"), "Div", &[&n("d"), &n("s")], &[&n("nrm")]),
+                Node::new(n("mul"), "Mul", &[&n("nrm"), &n("g")], &[&n("m")]),
+                Node::new(n("addb"), "Add", &[&n("m"), &n("b")], &[&n("o")]),
+            ]);
+        }
+        nodes.push(Node::new(n("proj"), "MatMul", &[&n("o"), &n("w")], &[&n("h")]));
+        nodes.push(Node::new(n("res"), "Add", &[x, &n("h")], &[&n("r")]));
+    }
+    let mut m = model(opset, vec![input("x", "batch 4 8")], nodes, &["r1"]);
+    weight(&mut m, "we", &[8, 8]);
+    for k in 0..2 {
+        weight(&mut m, &format!("g{k}"), &[8]);
+        weight(&mut m, &format!("b{k}"), &[8]);
+        weight(&mut m, &format!("w{k}"), &[8, 8]);
+    }
+    prepare(m).unwrap()
+}
+
+#[test]
+fn a_spelled_out_layer_normalization_starts_its_layer() {
+    // The block's first anchor is its MatMul, where the stream and the normalised value
+    // both cross; the layer starts where the stream alone does, before the ReduceMean, as
+    // it starts at the LayerNormalization op.
+    for opset in [13, 17] {
+        let m = pre_norm_blocks(opset);
+        let a = edgefreeze_graph::analyse(&m).unwrap();
+        let names: Vec<&str> = a.layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(a.layers.len(), 3, "opset {opset}: {names:?}");
+        assert_eq!((a.cuts[0].tensor.as_str(), a.cuts[1].tensor.as_str()), ("e", "r0"), "opset {opset}");
+        let params = |k: usize| {
+            let mut p = a.layers[k].parameter_names.clone();
+            p.sort();
+            p
+        };
+        assert_eq!(params(0), ["we"], "opset {opset}");
+        assert_eq!(params(1), ["b0", "g0", "w0"], "opset {opset}");
+        assert_eq!(params(2), ["b1", "g1", "w1"], "opset {opset}");
+    }
+}
+
+#[test]
+fn a_graph_input_read_behind_a_position_crosses_it() {
+    // A padding mask made from the tokens after the embedding: a cut in front of it would
+    // leave the part behind needing the tokens too, so there is none; reading only the
+    // input's shape (the batch size of a late Reshape) does not count.
+    let nodes = |mask: bool| {
+        let mut v =
+            vec![Node::new("embed", "MatMul", &["x", "we"], &["e"]), Node::new("proj", "MatMul", &["e", "w1"], &["h"])];
+        if mask {
+            v.extend([
+                Node::new("zero", "Constant", &[], &["zero"])
+                    .with_attr("value", Attribute::Tensor(edgefreeze_graph::Tensor::from_f32(vec![], &[0.0]).unwrap())),
+                Node::new("keep", "Greater", &["x", "zero"], &["k"]),
+                Node::new("kf", "Cast", &["k"], &["kf"]).with_attr("to", Attribute::Int(1)),
+                Node::new("masked", "Mul", &["h", "kf"], &["y"]),
+            ]);
+        } else {
+            v.extend([
+                Node::new("shape", "Shape", &["x"], &["s"]),
+                ints("first", &[0]),
+                Node::new("batch", "Gather", &["s", "first"], &["n"]).with_attr("axis", Attribute::Int(0)),
+                ints("rest", &[-1]),
+                Node::new("target", "Concat", &["n", "rest"], &["t"]).with_attr("axis", Attribute::Int(0)),
+                Node::new("flat", "Reshape", &["h", "t"], &["y"]),
+            ]);
+        }
+        v
+    };
+    for (mask, layers) in [(true, 1), (false, 2)] {
+        let mut m = model(17, vec![input("x", "batch 8")], nodes(mask), &["y"]);
+        weight(&mut m, "we", &[8, 8]);
+        weight(&mut m, "w1", &[8, 8]);
+        let a = edgefreeze_graph::analyse(&prepare(m).unwrap()).unwrap();
+        assert_eq!(a.layers.len(), layers, "mask {mask}");
+        assert_eq!(a.cuts.len(), layers - 1, "mask {mask}");
+    }
+}

@@ -195,6 +195,32 @@ fn normalisation_and_embedding_shapes() {
     assert_eq!(shape_of(&m, "p"), "batch×7×8");
 }
 
+/// Opsets 9 to 13 give a training-mode BatchNormalization five outputs (TorchScript's
+/// opset-13 training export writes them all); from opset 14 on, five are an error that
+/// names the node.
+#[test]
+fn batch_normalization_with_five_outputs_before_opset_14_only() {
+    let bn = |opset| {
+        let mut m = model(
+            opset,
+            vec![input("x", "batch 4 5 5")],
+            vec![Node::new("bn", "BatchNormalization", &["x", "g", "b", "mean", "var"], &["y", "m", "v", "sm", "sv"])],
+            &["y"],
+        );
+        for name in ["g", "b", "mean", "var"] {
+            weight(&mut m, name, &[4]);
+        }
+        prepare(m)
+    };
+    let m = bn(13).unwrap();
+    assert_eq!(shape_of(&m, "y"), "batch×4×5×5");
+    for name in ["m", "v", "sm", "sv"] {
+        assert_eq!(shape_of(&m, name), "4");
+    }
+    let err = bn(17).unwrap_err().to_string();
+    assert!(err.contains("\"bn\"") && err.contains("opset 14") && err.contains("5 outputs"), "{err}");
+}
+
 #[test]
 fn unsorted_graph_is_sorted_on_import() {
     let m = model(

@@ -161,11 +161,22 @@ fn local_step(
 }
 
 /// Checks every named state tensor; returns the largest relative difference seen.
+///
+/// A gradient that vanishes in exact arithmetic (the bias of a layer whose output a
+/// training-mode BatchNorm reads after a linear op: the norm removes any constant shift)
+/// is the rounding left from sums that cancel, whose terms are as large as the other
+/// gradients: it is held to `SAME_OPS` times the largest norm of its kind (momentum
+/// buffers, which hold gradients, or the rest), not its own.
 fn compare(what: &str, got: &HashMap<String, Value>, expected: &HashMap<String, Value>, names: &[String]) -> f64 {
+    let kind = |name: &str| name.starts_with("momentum.");
+    let norms: Vec<(bool, f64)> =
+        names.iter().map(|n| (kind(n), distance(&floats(&expected[n]), &floats(&expected[n])).1)).collect();
+    let largest = |k: bool| norms.iter().filter(|(kk, _)| *kk == k).map(|(_, n)| *n).fold(0.0, f64::max);
     let mut worst: f64 = 0.0;
     for name in names {
         let (diff, norm) = distance(&floats(&got[name]), &floats(&expected[name]));
-        assert!(diff <= SAME_OPS * norm + 1e-7, "{what}: {name} differs by {diff:.3e} (norm {norm:.3e})");
+        let floor = SAME_OPS * largest(kind(name));
+        assert!(diff <= SAME_OPS * norm + floor, "{what}: {name} differs by {diff:.3e} (norm {norm:.3e})");
         if norm > 0.0 {
             worst = worst.max(diff / norm);
         }

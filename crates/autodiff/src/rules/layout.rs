@@ -395,16 +395,26 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     Ok(cx.e.transpose(&grad, &back))
 }
 
-/// Before opset 16: the gradient of an embedding lookup along axis 0 as one-hot rows
-/// times the output gradient.
+/// Before opset 16: the gradient of a lookup along axis 0 (an embedding, or one of a
+/// stacked q, k, v) as one-hot rows times the output gradient. The rows and the index
+/// count must be known; the other axes may be symbolic (Swin's windows times the batch,
+/// as TorchScript before opset 17 writes it, is a product no dimension names), and are
+/// then read at run time.
 fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -> Result<String> {
-    let shape = cx.fixed_shape(data)?;
+    let shape = cx.shape(data)?;
     if axis != 0 {
         return Err(cx.err("before opset 16 the gradient of Gather is implemented for axis 0 (embedding lookups)"));
     }
-    let rows = shape[0] as i64;
-    let width: i64 = shape[1..].iter().product::<usize>() as i64;
+    let rows =
+        shape[0].fixed().ok_or_else(|| cx.err(format!("the gathered axis of {data:?} needs a known size")))? as i64;
     let indices = cx.x(1).to_string();
+    let trailing: Option<Vec<usize>> = shape[1..].iter().map(|d| d.fixed()).collect();
+    // dY as [lookups, the rest]: the rest's size where it is known (the lookups may count
+    // the batch), else the lookups'.
+    let rows_of_dy = match &trailing {
+        Some(t) => [-1, t.iter().product::<usize>() as i64],
+        None => [cx.fixed_shape(&indices)?.iter().product::<usize>() as i64, -1],
+    };
     let flat = cx.e.reshape(&indices, &[-1]);
     let index_type = cx.types.types.get(&indices).and_then(|t| t.dtype).unwrap_or(DataType::Int64);
     let flat = if index_type == DataType::Int64 { flat } else { cx.e.cast(&flat, DataType::Int64) };
@@ -414,8 +424,7 @@ fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -
     let negative = cx.e.op("Less", &[&flat, &zero], vec![]);
     let wrapped = cx.e.add(&flat, &n);
     let flat = cx.e.op("Where", &[&negative, &wrapped, &flat], vec![]);
-    let dy2 = cx.e.reshape(dy, &[-1, width]);
-    let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let dy2 = cx.e.reshape(dy, &rows_of_dy);
     let one = cx.e.int_scalar(1);
     let range = cx.e.op("Range", &[&zero, &n, &one], vec![]);
     let column = cx.e.unsqueeze(&flat, &[1]);
@@ -423,7 +432,17 @@ fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -
     let float = cx.e.float;
     let onehot = cx.e.cast(&hit, float);
     let grad = cx.e.op("Gemm", &[&onehot, &dy2], vec![("transA", Attribute::Int(1))]);
-    Ok(if shape.len() == 2 { grad } else { cx.e.reshape(&grad, &target) })
+    Ok(match trailing {
+        Some(_) if shape.len() == 2 => grad,
+        Some(trailing) => {
+            let target: Vec<i64> = std::iter::once(rows).chain(trailing.iter().map(|&d| d as i64)).collect();
+            cx.e.reshape(&grad, &target)
+        }
+        None => {
+            let target = cx.e.shape_of(data);
+            cx.e.op("Reshape", &[&grad, &target], vec![])
+        }
+    })
 }
 
 /// The gradient of `GatherND` (`batch_dims` 0): dY added into zeros at the gathered index

@@ -68,8 +68,19 @@ pub(crate) fn batch_normalization(cx: &Cx<'_>) -> Result<Outputs> {
             return Err(cx.err(format!("input {i} must be a vector of {} channel values", x[1])));
         }
     }
+    // Opsets 9 to 13 give a training-mode BatchNormalization two more outputs, the batch's
+    // mean and variance as the backward would save them (TorchScript's opset-13 training
+    // export writes all five); opset 14 dropped them.
+    let outputs = cx.node.outputs.len();
+    if outputs > 3 && cx.opset >= 14 {
+        return Err(cx.err(format!(
+            "has {outputs} outputs: from opset 14 on it gives at most 3 (y, running mean, running variance)"
+        )));
+    }
     let channels = vec![x[1].clone()];
-    Ok(vec![(dtype, x), (dtype, channels.clone()), (dtype, channels)])
+    let mut types = vec![(dtype, x)];
+    types.extend(std::iter::repeat_n((dtype, channels), outputs.max(3) - 1));
+    Ok(types)
 }
 
 pub(crate) fn layer_normalization(cx: &Cx<'_>) -> Result<Outputs> {

@@ -184,7 +184,7 @@ pub static OPS: &[OpSpec] = &[
     op("Gemm", 2..=3, 1..=1, li::gemm, Rule(fl::gemm_flops), Never(Compute), None),
     op("MatMul", 2..=2, 1..=1, li::mat_mul, Rule(fl::matmul_flops), Never(Compute), None),
     // Normalisation layers.
-    op("BatchNormalization", 5..=5, 1..=3, li::batch_normalization, PerOutput(2), Never(Compute), None),
+    op("BatchNormalization", 5..=5, 1..=5, li::batch_normalization, PerOutput(2), Never(Compute), None),
     op("LayerNormalization", 2..=3, 1..=3, li::layer_normalization, PerOutput(8), Never(Compute), None),
     // Reductions.
     op("ArgMax", 1..=1, 1..=1, li::arg_max, PerInput, Never(Compute), None),
@@ -270,7 +270,11 @@ pub fn check_opset(opset_imports: &[(String, i64)]) -> Result<()> {
     let default = opset_imports.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx");
     match default {
         Some((_, v)) if (MIN_OPSET..=MAX_OPSET).contains(v) => Ok(()),
-        Some((d, v)) => Err(GraphError::Opset { domain: d.clone(), version: *v, min: MIN_OPSET, max: MAX_OPSET }),
+        // Opsets 9 to 12 were brought to 13 on import (crate::upgrade): the range the user
+        // can bring is wider than the one the toolchain reads.
+        Some((d, v)) => {
+            Err(GraphError::Opset { domain: d.clone(), version: *v, min: crate::upgrade::OLDEST_OPSET, max: MAX_OPSET })
+        }
         None => Err(GraphError::Invalid("the model imports no default-domain opset".into())),
     }
 }
