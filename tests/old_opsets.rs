@@ -111,6 +111,7 @@ fn old_opset_forms_compute_what_their_upgrade_computes() {
         let expected = run(&EngineKind::Ort(Provider::Cpu), &original);
         let upgraded = prepare(original).unwrap_or_else(|e| panic!("opset {opset}: {e}"));
         assert_eq!(upgraded.opset(), 13);
+        assert_eq!(edgefreeze_graph::upgrade::source_opset(&upgraded), Some(opset));
         // Nothing is left in an attribute that opset 13 takes as an input.
         for node in &upgraded.graph.nodes {
             for attr in ["axes", "split", "pads", "starts", "ends", "min", "max", "value"] {

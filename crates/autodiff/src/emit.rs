@@ -154,6 +154,17 @@ impl Emitter {
         }
     }
 
+    /// Maximum over `axes`, written for the graph's opset (attribute before 18, input from 18).
+    pub fn reduce_max(&mut self, x: &str, axes: &[i64], keepdims: bool) -> String {
+        let keep = ("keepdims", Attribute::Int(keepdims as i64));
+        if self.opset >= 18 {
+            let axes = self.ints(axes);
+            self.op("ReduceMax", &[x, &axes], vec![keep])
+        } else {
+            self.op("ReduceMax", &[x], vec![keep, ("axes", Attribute::Ints(axes.to_vec()))])
+        }
+    }
+
     /// `Shape(x)`: a 1-D i64 tensor of x's (runtime) dimensions.
     pub fn shape_of(&mut self, x: &str) -> String {
         self.op("Shape", &[x], vec![])

@@ -83,8 +83,22 @@ fn argmax(x: &str, e: &mut Emitter) -> String {
     e.op("ArgMax", &[x], vec![("axis", Attribute::Int(1)), ("keepdims", Attribute::Int(0))])
 }
 
+/// `log softmax(x)` over axis 1 as `x − max − log Σ exp(x − max)`, finite for any finite
+/// logits. Not the LogSoftmax op: tract 0.23 takes the log of the softmax, which is −∞
+/// where a probability underflows (a logit 104 below the largest), and the loss's
+/// `0 · −∞` of every other class made it NaN (the test loss of a ResNet-20 whose logits
+/// spread over 150 after an epoch at a high learning rate; ONNX Runtime gave 11.1).
+fn log_softmax(x: &str, e: &mut Emitter) -> String {
+    let max = e.reduce_max(x, &[1], true);
+    let shifted = e.sub(x, &max);
+    let exp = e.op("Exp", &[&shifted], vec![]);
+    let sum = e.reduce_sum(&exp, &[1], true);
+    let log_sum = e.op("Log", &[&sum], vec![]);
+    e.sub(&shifted, &log_sum)
+}
+
 fn cross_entropy(logits: &str, smoothing: f64, e: &mut Emitter) -> LossValues {
-    let log_probs = e.op("LogSoftmax", &[logits], vec![("axis", Attribute::Int(1))]);
+    let log_probs = log_softmax(logits, e);
     let classes = e.dim_size(logits, 1);
     let targets = smoothed_targets(logits, &classes, smoothing, e);
     let weighted = e.mul(&targets, &log_probs);

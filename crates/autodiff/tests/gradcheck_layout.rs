@@ -67,14 +67,18 @@ fn embedding_gather_with_repeated_and_negative_indices() {
 #[test]
 fn gather_along_inner_axes_with_index_tensors_and_scalars() {
     let mut rng = Rng::new(15);
-    let pairs = Input::Const(Tensor::from_i64(vec![2, 2], &[3, 0, -1, 1]).unwrap());
+    let pairs = || Input::Const(Tensor::from_i64(vec![2, 2], &[3, 0, -1, 1]).unwrap());
     let axis = |a: i64| op("Gather").with_attr("axis", Attribute::Int(a));
-    check(axis(1), vec![param(&mut rng, &[3, 4, 2]), pairs], 17);
-    // `x[:, :, 2]` as dynamo exports a select: a scalar index on the last axis.
-    let select = Input::Const(Tensor::from_i64(vec![], &[2]).unwrap());
-    check(axis(-1), vec![param(&mut rng, &[2, 3, 4]), select], 17);
-    let repeated = Input::Const(Tensor::from_i64_as(DataType::Int32, vec![3], &[1, 1, 0]).unwrap());
-    check(axis(2), vec![param(&mut rng, &[2, 2, 3, 2]), repeated], 17);
+    // An adding ScatterND from opset 16, one-hot products with the axis brought to the
+    // front before (TorchScript's ViT at opset 14 picks its class token along axis 1).
+    for opset in [17, 13] {
+        check(axis(1), vec![param(&mut rng, &[3, 4, 2]), pairs()], opset);
+        // `x[:, :, 2]` as dynamo exports a select: a scalar index on the last axis.
+        let select = Input::Const(Tensor::from_i64(vec![], &[2]).unwrap());
+        check(axis(-1), vec![param(&mut rng, &[2, 3, 4]), select], opset);
+        let repeated = Input::Const(Tensor::from_i64_as(DataType::Int32, vec![3], &[1, 1, 0]).unwrap());
+        check(axis(2), vec![param(&mut rng, &[2, 2, 3, 2]), repeated], opset);
+    }
 }
 
 #[test]
@@ -283,7 +287,14 @@ fn gather_before_opset_16_with_an_unknown_trailing_size() {
         Node::new("r", "Constant", &[], &["r"]).with_attr("value", Attribute::Tensor(r)),
         Node::new("wr", "Mul", &["qv3", "r"], &["qv4"]),
         Node::new("s2", "ReduceSum", &["qv4"], &["l2"]).with_attr("keepdims", Attribute::Int(0)),
-        Node::new("total", "Add", &["l1", "l2"], &["objective"]),
+        // Along axis 1 of [2·batch, 3]: the class-token pattern with an unknown first axis.
+        Node::new("cols", "Transpose", &["stack"], &["stack_t"]).with_attr("perm", Attribute::Ints(vec![1, 0])),
+        int_const("col", vec![], &[2]),
+        Node::new("pick3", "Gather", &["stack_t", "col"], &["c"]).with_attr("axis", Attribute::Int(1)),
+        Node::new("sq3", "Mul", &["c", "c"], &["c2"]),
+        Node::new("s3", "ReduceSum", &["c2"], &["l3"]).with_attr("keepdims", Attribute::Int(0)),
+        Node::new("sum12", "Add", &["l1", "l2"], &["l12"]),
+        Node::new("total", "Add", &["l12", "l3"], &["objective"]),
     ];
     let x: Feed = ("x".into(), vec![3, 6], rng.values(18, -1.0, 1.0));
     check_with_an_unknown_size("Gather", graph, 13, ("stack", 1), x);

@@ -94,9 +94,10 @@ fn write_table(
     let graph = &model.graph;
     writeln!(
         out,
-        "{}: opset {}, {} nodes, {} layers, {} cuts",
+        "{}: opset {}{}, {} nodes, {} layers, {} cuts",
         path.display(),
         model.opset(),
+        edgefreeze_graph::upgrade::source_opset(model).map_or(String::new(), |v| format!(" (upgraded from {v})")),
         graph.nodes.len(),
         a.layers.len(),
         a.cuts.len()

@@ -427,6 +427,7 @@ pub fn probe_model(model: &Model, analysis: &Analysis, probes: &[usize]) -> Resu
 /// parameters, without reloading the graph each time. Each name must be an initializer.
 pub fn live_probe_model(model: &Model, analysis: &Analysis, parameters: &[String], probes: &[usize]) -> Result<Model> {
     let mut out = probe_model(model, analysis, probes)?;
+    spell_out_batch_norms(&mut out, parameters)?;
     for name in parameters {
         let t = out.graph.initializers.shift_remove(name).ok_or_else(|| {
             FreezeError::Reference(format!("the model has no initializer {name:?} to take as an input"))
@@ -434,6 +435,44 @@ pub fn live_probe_model(model: &Model, analysis: &Analysis, parameters: &[String
         out.graph.inputs.push(ValueInfo::new(name.clone(), t.dtype(), fixed_shape(t.dims())));
     }
     Ok(out)
+}
+
+/// tract runs a BatchNormalization only when its scale, shift and statistics are
+/// constants ("Params are not const"): in the live model they are inputs, so every
+/// BatchNormalization reading one is spelled out in primitive ops, in inference mode, as
+/// the eval graph writes it (`batch_norm_inference`).
+fn spell_out_batch_norms(model: &mut Model, parameters: &[String]) -> Result<()> {
+    let inputs: HashSet<&str> = parameters.iter().map(String::as_str).collect();
+    let reads_input =
+        |n: &Node| n.op_type == "BatchNormalization" && n.inputs.iter().skip(1).any(|i| inputs.contains(i.as_str()));
+    if !model.graph.nodes.iter().any(reads_input) {
+        return Ok(());
+    }
+    let types = edgefreeze_graph::infer::infer(&model.graph, model.opset())?;
+    let taken: HashSet<String> = model
+        .graph
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().chain(std::iter::once(&n.name)).cloned())
+        .chain(model.graph.initializers.keys().cloned())
+        .chain(model.graph.inputs.iter().map(|v| v.name.clone()))
+        .collect();
+    let mut emitter = edgefreeze_autodiff::emit::Emitter::new(taken, DataType::Float32, model.opset());
+    let mut nodes = Vec::with_capacity(model.graph.nodes.len());
+    for node in std::mem::take(&mut model.graph.nodes) {
+        if !reads_input(&node) {
+            nodes.push(node);
+            continue;
+        }
+        emitter.float =
+            node.input(0).and_then(|x| types.types.get(x)).and_then(|t| t.dtype).unwrap_or(DataType::Float32);
+        emitter.set_prefix(&node.name);
+        edgefreeze_autodiff::training_mode::batch_norm_inference(&node, &types, &mut emitter)
+            .map_err(|e| FreezeError::Reference(e.to_string()))?;
+        nodes.append(&mut emitter.nodes);
+    }
+    model.graph.nodes = nodes;
+    Ok(())
 }
 
 fn expose_layers(out: &mut Model, source: &Model, analysis: &Analysis, probes: &[usize]) -> Result<()> {

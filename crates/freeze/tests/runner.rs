@@ -131,3 +131,38 @@ fn measurements_run_the_float_model_at_the_given_parameters_on_the_fixed_batch()
         other => panic!("expected a failure, got {other:?}"),
     }
 }
+
+#[test]
+fn batch_norm_models_are_measured_on_tract() {
+    // tract runs a BatchNormalization only when its parameters and statistics are
+    // constants; the live model takes them as inputs, and `--freeze auto` on any
+    // BatchNorm model with the default engine stopped at its first probe ("Params are not
+    // const") until the live model spelled them out.
+    let m =
+        edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/resnet20_28.onnx")).unwrap();
+    let analysis = analyse(&m).unwrap();
+    let one = EngineOptions { threads: Some(1), ..Default::default() };
+    let mut runner = ReferenceRunner::spawn(EngineKind::Tract, one, analysis, vec![1, 5], 4).unwrap();
+    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
+    let input = Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap());
+    // What the trainer sends: every float state tensor, running statistics included.
+    let own: Vec<(String, Value)> = m
+        .graph
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype().is_float())
+        .map(|(n, t)| (n.clone(), edgefreeze_train::tensors::value_from_tensor(n, t).unwrap()))
+        .collect();
+    assert!(own.iter().any(|(n, _)| n.ends_with("running_var")));
+    runner.send(Request::Rebuild { step: 1, model: Box::new(m.clone()), calibration: input }).unwrap();
+    assert!(matches!(runner.wait().unwrap(), Reply::Rebuilt { step: 1, .. }));
+    runner.send(Request::Measure { step: 2, layers: vec![1, 5], parameters: own }).unwrap();
+    match runner.wait().unwrap() {
+        // At the reference's own parameters only the int8 rounding separates them.
+        Reply::Plasticity { step: 2, values, .. } => {
+            assert_eq!(values.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 5]);
+            assert!(values.iter().all(|&(_, sp)| sp < 6e-4), "{values:?}");
+        }
+        other => panic!("expected plasticity values, got {other:?}"),
+    }
+}

@@ -26,6 +26,15 @@ pub const OLDEST_OPSET: i64 = 9;
 /// The opset it brings a model to.
 pub const TARGET_OPSET: i64 = 13;
 
+/// The metadata key under which an upgraded model keeps the opset it was exported at
+/// (`inspect` shows it; graphs written from the model carry it).
+pub const SOURCE_OPSET_KEY: &str = "edgefreeze.source_opset";
+
+/// The opset a model was exported at, if the import upgraded it.
+pub fn source_opset(model: &Model) -> Option<i64> {
+    model.metadata.iter().find(|(k, _)| k == SOURCE_OPSET_KEY).and_then(|(_, v)| v.parse().ok())
+}
+
 fn default_domain(d: &str) -> bool {
     d.is_empty() || d == "ai.onnx"
 }
@@ -107,6 +116,7 @@ pub fn upgrade_opset(model: &mut Model) -> Result<Vec<String>> {
         nodes.push(node);
     }
     model.graph.nodes = nodes;
+    model.metadata.push((SOURCE_OPSET_KEY.into(), opset.to_string()));
     for (domain, version) in &mut model.opset_imports {
         if default_domain(domain) {
             *version = TARGET_OPSET;

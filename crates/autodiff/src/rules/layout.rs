@@ -395,22 +395,30 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
     Ok(cx.e.transpose(&grad, &back))
 }
 
-/// Before opset 16: the gradient of a lookup along axis 0 (an embedding, or one of a
-/// stacked q, k, v) as one-hot rows times the output gradient. The rows and the index
-/// count must be known; the other axes may be symbolic (Swin's windows times the batch,
-/// as TorchScript before opset 17 writes it, is a product no dimension names), and are
-/// then read at run time.
+/// Before opset 16 (no adding scatter): the gradient of a lookup as one-hot rows times the
+/// output gradient, with the gathered axis brought to the front and back (ViT's class
+/// token, `x[:, 0]`, gathers along axis 1). The gathered axis must have a known size, and
+/// where another axis is unknown (the batch; Swin's windows times the batch, a product no
+/// dimension names) so must the index count: those sizes are then read at run time.
 fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -> Result<String> {
     let shape = cx.shape(data)?;
-    if axis != 0 {
-        return Err(cx.err("before opset 16 the gradient of Gather is implemented for axis 0 (embedding lookups)"));
-    }
+    let rank = shape.len();
     let rows =
-        shape[0].fixed().ok_or_else(|| cx.err(format!("the gathered axis of {data:?} needs a known size")))? as i64;
+        shape[axis].fixed().ok_or_else(|| cx.err(format!("the gathered axis of {data:?} needs a known size")))? as i64;
     let indices = cx.x(1).to_string();
-    let trailing: Option<Vec<usize>> = shape[1..].iter().map(|d| d.fixed()).collect();
-    // dY as [lookups, the rest]: the rest's size where it is known (the lookups may count
-    // the batch), else the lookups'.
+    let q = cx.shape(&indices)?.len();
+    // The data's other axes, in order: the rows' width.
+    let others: Vec<usize> = (0..rank).filter(|&a| a != axis).collect();
+    let trailing: Option<Vec<usize>> = others.iter().map(|&a| shape[a].fixed()).collect();
+    // dY is [data's axes before `axis`, the index axes, data's axes after it]: the index
+    // axes first, then as [lookups, the rest], the rest's size where it is known (the
+    // lookups may count the batch), else the lookups'.
+    let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
+    let dy = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
+        dy.to_string()
+    } else {
+        cx.e.transpose(dy, &dy_front)
+    };
     let rows_of_dy = match &trailing {
         Some(t) => [-1, t.iter().product::<usize>() as i64],
         None => [cx.fixed_shape(&indices)?.iter().product::<usize>() as i64, -1],
@@ -424,25 +432,35 @@ fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -
     let negative = cx.e.op("Less", &[&flat, &zero], vec![]);
     let wrapped = cx.e.add(&flat, &n);
     let flat = cx.e.op("Where", &[&negative, &wrapped, &flat], vec![]);
-    let dy2 = cx.e.reshape(dy, &rows_of_dy);
+    let dy2 = cx.e.reshape(&dy, &rows_of_dy);
     let one = cx.e.int_scalar(1);
     let range = cx.e.op("Range", &[&zero, &n, &one], vec![]);
     let column = cx.e.unsqueeze(&flat, &[1]);
     let hit = cx.e.op("Equal", &[&column, &range], vec![]);
     let float = cx.e.float;
     let onehot = cx.e.cast(&hit, float);
+    // [rows, the other axes' elements], then [rows, the other axes].
     let grad = cx.e.op("Gemm", &[&onehot, &dy2], vec![("transA", Attribute::Int(1))]);
-    Ok(match trailing {
-        Some(_) if shape.len() == 2 => grad,
+    let grad = match trailing {
+        Some(_) if rank == 2 && axis == 0 => grad,
         Some(trailing) => {
             let target: Vec<i64> = std::iter::once(rows).chain(trailing.iter().map(|&d| d as i64)).collect();
             cx.e.reshape(&grad, &target)
         }
         None => {
-            let target = cx.e.shape_of(data);
+            let full = cx.e.shape_of(data);
+            let front: Vec<i64> = std::iter::once(axis).chain(others.iter().copied()).map(|a| a as i64).collect();
+            let front = cx.e.ints(&front);
+            let target = cx.e.op("Gather", &[&full, &front], vec![("axis", Attribute::Int(0))]);
             cx.e.op("Reshape", &[&grad, &target], vec![])
         }
-    })
+    };
+    if axis == 0 {
+        return Ok(grad);
+    }
+    // Back: axis `axis` of the result is axis 0 of the product.
+    let back: Vec<i64> = (0..rank).map(|a| if a < axis { a + 1 } else if a == axis { 0 } else { a } as i64).collect();
+    Ok(cx.e.transpose(&grad, &back))
 }
 
 /// The gradient of `GatherND` (`batch_dims` 0): dY added into zeros at the gathered index
