@@ -31,6 +31,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         let report = Report {
             model: args.model.display().to_string(),
             opset: model.opset(),
+            source_opset: edgefreeze_graph::upgrade::source_opset(&model),
             trainable: training.error.is_none(),
             training_blocked_by: training.error.clone(),
             training_blocked_by_ops: training.blocked_ops.clone(),
@@ -74,6 +75,8 @@ fn training_check(model: &Model) -> TrainingCheck {
 struct Report<'a> {
     model: String,
     opset: i64,
+    /// The opset the file was exported at, where the import brought it to `opset`.
+    source_opset: Option<i64>,
     /// Whether `convert` builds a gradient graph (cross-entropy loss).
     trainable: bool,
     /// Why not, when it does not.
