@@ -5,7 +5,9 @@
 
 use edgefreeze_engine::{EngineKind, EngineOptions, Provider, Value};
 use edgefreeze_graph::ir::{Attribute, Dim, Graph, Model, Node, ValueInfo};
+use edgefreeze_graph::save::{SaveOptions, save_model};
 use edgefreeze_graph::{DataType, Tensor, prepare};
+use edgefreeze_tests::{python_onnx, run_python};
 use ndarray::{ArrayD, IxDyn};
 
 fn ints(v: &[i64]) -> Attribute {
@@ -57,8 +59,15 @@ fn model(opset: i64) -> Model {
         let hi = constant(&mut nodes, "hi", Tensor::from_f32(vec![], &[0.8]).unwrap());
         nodes.push(Node::new("clip", "Clip", &["pd", &lo, &hi], &["cl"]));
     }
+    // Dropout (the identity in inference), its ratio an attribute before opset 12.
+    if opset < 12 {
+        nodes.push(Node::new("drop", "Dropout", &["cl"], &["dr"]).with_attr("ratio", Attribute::Float(0.3)));
+    } else {
+        let r = constant(&mut nodes, "ratio", Tensor::from_f32(vec![], &[0.3]).unwrap());
+        nodes.push(Node::new("drop", "Dropout", &["cl", &r], &["dr"]));
+    }
     // Unsqueeze to [1, 2, 3, 4, 5], Squeeze back, Split the channels 1 + 2, sum the two.
-    nodes.push(Node::new("unsq", "Unsqueeze", &["cl"], &["u"]).with_attr("axes", ints(&[0])));
+    nodes.push(Node::new("unsq", "Unsqueeze", &["dr"], &["u"]).with_attr("axes", ints(&[0])));
     nodes.push(Node::new("sq", "Squeeze", &["u"], &["q"]).with_attr("axes", ints(&[0])));
     nodes.push(
         Node::new("split", "Split", &["q"], &["a", "b"])
@@ -114,7 +123,7 @@ fn old_opset_forms_compute_what_their_upgrade_computes() {
         assert_eq!(edgefreeze_graph::upgrade::source_opset(&upgraded), Some(opset));
         // Nothing is left in an attribute that opset 13 takes as an input.
         for node in &upgraded.graph.nodes {
-            for attr in ["axes", "split", "pads", "starts", "ends", "min", "max", "value"] {
+            for attr in ["axes", "split", "pads", "starts", "ends", "min", "max", "value", "ratio"] {
                 let allowed = node.op_type == "Constant" && attr == "value";
                 assert!(allowed || !node.attributes.contains_key(attr), "opset {opset}: {} keeps {attr}", node.name);
             }
@@ -135,6 +144,26 @@ fn old_opset_forms_compute_what_their_upgrade_computes() {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
         }
     }
+}
+
+#[test]
+fn upgraded_models_pass_the_onnx_checker() {
+    // Nothing of the old forms is left that opset 13 does not define (a Dropout's `ratio`
+    // attribute was, before it became an input).
+    if !python_onnx() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<std::path::PathBuf> = (9..=12)
+        .map(|opset| {
+            let path = dir.path().join(format!("opset{opset}.onnx"));
+            save_model(&prepare(model(opset)).unwrap(), &path, &SaveOptions::default()).unwrap();
+            path
+        })
+        .collect();
+    let refs: Vec<&std::path::Path> = paths.iter().map(|p| p.as_path()).collect();
+    let out = run_python("check_model.py", &refs);
+    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), paths.len(), "{out}");
 }
 
 #[test]

@@ -11,9 +11,10 @@
 //!   `axis` alone. Where `axis` is the last axis the two agree; elsewhere the node becomes
 //!   `Flatten`, the op over the last axis, and a `Reshape` back.
 //!
-//! Everything else in the op table means the same from opset 9 to 13 (types aside), and
-//! `Dropout`'s `ratio` attribute (opsets 9 to 11) is read as it is (see the autodiff
-//! crate's training form). An op not in the table is reported by the op check as usual.
+//! - `Dropout` took its `ratio` as an attribute before opset 12.
+//!
+//! Everything else in the op table means the same from opset 9 to 13 (types aside). An op
+//! not in the table is reported by the op check as usual.
 
 use crate::error::{GraphError, Result};
 use crate::infer::infer;
@@ -82,6 +83,13 @@ pub fn upgrade_opset(model: &mut Model) -> Result<Vec<String>> {
                     if let Some(v) = take_float(&mut node, name)? {
                         constants.push((slot, Tensor::from_f32(vec![], &[v])));
                     }
+                }
+            }
+            "Dropout" if opset < 12 => {
+                // Without a `training_mode` input it stays what it was: the trainer's
+                // Dropout in training, the identity in inference.
+                if let Some(ratio) = take_float(&mut node, "ratio")? {
+                    constants.push((1, Tensor::from_f32(vec![], &[ratio])));
                 }
             }
             "Slice" if opset < 10 => {
