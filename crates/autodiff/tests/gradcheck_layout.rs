@@ -288,7 +288,7 @@ fn gather_before_opset_16_with_an_unknown_trailing_size() {
         Node::new("wr", "Mul", &["qv3", "r"], &["qv4"]),
         Node::new("s2", "ReduceSum", &["qv4"], &["l2"]).with_attr("keepdims", Attribute::Int(0)),
         // Along axis 1 of [2·batch, 3]: the class-token pattern with an unknown first axis.
-        Node::new("cols", "Transpose", &["stack"], &["stack_t"]).with_attr("perm", Attribute::Ints(vec![1, 0])),
+        Node::new("to_columns", "Transpose", &["stack"], &["stack_t"]).with_attr("perm", Attribute::Ints(vec![1, 0])),
         int_const("col", vec![], &[2]),
         Node::new("pick3", "Gather", &["stack_t", "col"], &["c"]).with_attr("axis", Attribute::Int(1)),
         Node::new("sq3", "Mul", &["c", "c"], &["c2"]),

@@ -162,7 +162,10 @@ pub fn coerced_softmax(model: &mut Model, names: &[String]) -> Result<usize> {
     let mut rewritten = 0;
     let mut nodes = Vec::with_capacity(model.graph.nodes.len());
     for mut node in std::mem::take(&mut model.graph.nodes) {
-        if !names.contains(&node.name) {
+        // By op type as well: a model built in memory may repeat a name (a loaded one never
+        // does).
+        let coerced = matches!(node.op_type.as_str(), "Softmax" | "LogSoftmax") && default_domain(&node.domain);
+        if !coerced || !names.contains(&node.name) {
             nodes.push(node);
             continue;
         }
