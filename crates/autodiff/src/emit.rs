@@ -145,23 +145,22 @@ impl Emitter {
 
     /// Mean over `axes`, written for the graph's opset (attribute before 18, input from 18).
     pub fn reduce_mean(&mut self, x: &str, axes: &[i64], keepdims: bool) -> String {
-        let keep = ("keepdims", Attribute::Int(keepdims as i64));
-        if self.opset >= 18 {
-            let axes = self.ints(axes);
-            self.op("ReduceMean", &[x, &axes], vec![keep])
-        } else {
-            self.op("ReduceMean", &[x], vec![keep, ("axes", Attribute::Ints(axes.to_vec()))])
-        }
+        self.reduce_since_18("ReduceMean", x, axes, keepdims)
     }
 
     /// Maximum over `axes`, written for the graph's opset (attribute before 18, input from 18).
     pub fn reduce_max(&mut self, x: &str, axes: &[i64], keepdims: bool) -> String {
+        self.reduce_since_18("ReduceMax", x, axes, keepdims)
+    }
+
+    /// A reduction whose axes are an attribute before opset 18 and an input from 18.
+    fn reduce_since_18(&mut self, op: &str, x: &str, axes: &[i64], keepdims: bool) -> String {
         let keep = ("keepdims", Attribute::Int(keepdims as i64));
         if self.opset >= 18 {
             let axes = self.ints(axes);
-            self.op("ReduceMax", &[x, &axes], vec![keep])
+            self.op(op, &[x, &axes], vec![keep])
         } else {
-            self.op("ReduceMax", &[x], vec![keep, ("axes", Attribute::Ints(axes.to_vec()))])
+            self.op(op, &[x], vec![keep, ("axes", Attribute::Ints(axes.to_vec()))])
         }
     }
 

@@ -449,15 +449,7 @@ fn spell_out_batch_norms(model: &mut Model, parameters: &[String]) -> Result<()>
         return Ok(());
     }
     let types = edgefreeze_graph::infer::infer(&model.graph, model.opset())?;
-    let taken: HashSet<String> = model
-        .graph
-        .nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter().chain(std::iter::once(&n.name)).cloned())
-        .chain(model.graph.initializers.keys().cloned())
-        .chain(model.graph.inputs.iter().map(|v| v.name.clone()))
-        .collect();
-    let mut emitter = edgefreeze_autodiff::emit::Emitter::new(taken, DataType::Float32, model.opset());
+    let mut emitter = edgefreeze_autodiff::training::emitter_for(model, &[]);
     let mut nodes = Vec::with_capacity(model.graph.nodes.len());
     for node in std::mem::take(&mut model.graph.nodes) {
         if !reads_input(&node) {

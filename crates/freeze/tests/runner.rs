@@ -57,20 +57,9 @@ fn the_runner_rebuilds_and_measures_off_the_calling_thread() {
 
 #[test]
 fn measurements_run_the_float_model_at_the_given_parameters_on_the_fixed_batch() {
-    let m = edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/lenet5.onnx")).unwrap();
-    let analysis = analyse(&m).unwrap();
-    let one = EngineOptions { threads: Some(1), ..Default::default() };
-    let mut runner = ReferenceRunner::spawn(EngineKind::Tract, one, analysis, vec![0, 1], 4).unwrap();
-    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
-    let input = Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap());
-    let own: Vec<(String, Value)> = m
-        .graph
-        .initializers
-        .iter()
-        // The parameters (the trainer sends the state's: parameters and statistics).
-        .filter(|(n, _)| n.ends_with(".weight") || n.ends_with(".bias"))
-        .map(|(n, t)| (n.clone(), edgefreeze_train::tensors::value_from_tensor(n, t).unwrap()))
-        .collect();
+    let (m, mut runner, input) = runner_on("lenet5.onnx", vec![0, 1]);
+    // The parameters (the trainer sends the state's: parameters and statistics).
+    let own = values_of(&m, |n, _| n.ends_with(".weight") || n.ends_with(".bias"));
 
     // Before any reference model there is no probe batch: a failure reply.
     runner.send(Request::Measure { step: 1, layers: vec![0], parameters: own.clone() }).unwrap();
@@ -138,21 +127,9 @@ fn batch_norm_models_are_measured_on_tract() {
     // constants; the live model takes them as inputs, and `--freeze auto` on any
     // BatchNorm model with the default engine stopped at its first probe ("Params are not
     // const") until the live model spelled them out.
-    let m =
-        edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/resnet20_28.onnx")).unwrap();
-    let analysis = analyse(&m).unwrap();
-    let one = EngineOptions { threads: Some(1), ..Default::default() };
-    let mut runner = ReferenceRunner::spawn(EngineKind::Tract, one, analysis, vec![1, 5], 4).unwrap();
-    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
-    let input = Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap());
+    let (m, mut runner, input) = runner_on("resnet20_28.onnx", vec![1, 5]);
     // What the trainer sends: every float state tensor, running statistics included.
-    let own: Vec<(String, Value)> = m
-        .graph
-        .initializers
-        .iter()
-        .filter(|(_, t)| t.dtype().is_float())
-        .map(|(n, t)| (n.clone(), edgefreeze_train::tensors::value_from_tensor(n, t).unwrap()))
-        .collect();
+    let own = values_of(&m, |_, t| t.dtype().is_float());
     assert!(own.iter().any(|(n, _)| n.ends_with("running_var")));
     runner.send(Request::Rebuild { step: 1, model: Box::new(m.clone()), calibration: input }).unwrap();
     assert!(matches!(runner.wait().unwrap(), Reply::Rebuilt { step: 1, .. }));
@@ -165,4 +142,28 @@ fn batch_norm_models_are_measured_on_tract() {
         }
         other => panic!("expected plasticity values, got {other:?}"),
     }
+}
+
+/// A bundled 28×28 model, a tract reference runner probing `probes` of it (one thread,
+/// probe batch of 4), and a fixed batch of 8 to calibrate with.
+fn runner_on(file: &str, probes: Vec<usize>) -> (edgefreeze_graph::Model, ReferenceRunner, Value) {
+    let m = edgefreeze_graph::import(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(file)).unwrap();
+    let analysis = analyse(&m).unwrap();
+    let one = EngineOptions { threads: Some(1), ..Default::default() };
+    let runner = ReferenceRunner::spawn(EngineKind::Tract, one, analysis, probes, 4).unwrap();
+    let batch: Vec<f32> = (0..8 * 28 * 28).map(|i| ((i * 7919) % 255) as f32 / 255.0 - 0.5).collect();
+    (m, runner, Value::F32(ArrayD::from_shape_vec(IxDyn(&[8, 1, 28, 28]), batch).unwrap()))
+}
+
+/// The model's initializers that `keep` selects, as engine values.
+fn values_of(
+    m: &edgefreeze_graph::Model,
+    keep: impl Fn(&str, &edgefreeze_graph::Tensor) -> bool,
+) -> Vec<(String, Value)> {
+    m.graph
+        .initializers
+        .iter()
+        .filter(|(n, t)| keep(n, t))
+        .map(|(n, t)| (n.clone(), edgefreeze_train::tensors::value_from_tensor(n, t).unwrap()))
+        .collect()
 }

@@ -13,7 +13,7 @@ use crate::tensor::Tensor;
 use std::collections::HashSet;
 
 fn is_default(node: &Node, op: &str) -> bool {
-    node.op_type == op && (node.domain.is_empty() || node.domain == "ai.onnx")
+    node.op_type == op && crate::ops::is_default_domain(&node.domain)
 }
 
 /// Rewrites every `SplitToSequence` whose sequence is read only by `SequenceAt` nodes at

@@ -9,8 +9,7 @@
 //! - `Softmax` and `LogSoftmax` before opset 13 flatten their input to a matrix at `axis`
 //!   (by default 1) and normalise its rows: over every axis from `axis` on, not over
 //!   `axis` alone. Where `axis` is the last axis the two agree; elsewhere the node becomes
-//!   `Flatten`, the op over the last axis, and a `Reshape` back.
-//!
+//!   `Flatten`, the op over the last axis, and a `Reshape` back;
 //! - `Dropout` took its `ratio` as an attribute before opset 12.
 //!
 //! Everything else in the op table means the same from opset 9 to 13 (types aside). An op
@@ -19,6 +18,7 @@
 use crate::error::{GraphError, Result};
 use crate::infer::infer;
 use crate::ir::{Attribute, Model, Node};
+use crate::ops::is_default_domain;
 use crate::tensor::Tensor;
 
 /// The oldest opset [`upgrade_opset`] brings forward.
@@ -36,10 +36,6 @@ pub fn source_opset(model: &Model) -> Option<i64> {
     model.metadata.iter().find(|(k, _)| k == SOURCE_OPSET_KEY).and_then(|(_, v)| v.parse().ok())
 }
 
-fn default_domain(d: &str) -> bool {
-    d.is_empty() || d == "ai.onnx"
-}
-
 /// Rewrites the nodes of a model whose default-domain opset is 9 to 12 into their opset-13
 /// forms and sets its opset to 13; returns the names of the `Softmax` and `LogSoftmax`
 /// nodes whose axis must be checked against their input's rank once shapes are known
@@ -52,7 +48,7 @@ pub fn upgrade_opset(model: &mut Model) -> Result<Vec<String>> {
     let mut softmax = Vec::new();
     let mut nodes = Vec::with_capacity(model.graph.nodes.len());
     for mut node in std::mem::take(&mut model.graph.nodes) {
-        if !default_domain(&node.domain) {
+        if !is_default_domain(&node.domain) {
             nodes.push(node);
             continue;
         }
@@ -126,7 +122,7 @@ pub fn upgrade_opset(model: &mut Model) -> Result<Vec<String>> {
     model.graph.nodes = nodes;
     model.metadata.push((SOURCE_OPSET_KEY.into(), opset.to_string()));
     for (domain, version) in &mut model.opset_imports {
-        if default_domain(domain) {
+        if is_default_domain(domain) {
             *version = TARGET_OPSET;
         }
     }
@@ -164,7 +160,7 @@ pub fn coerced_softmax(model: &mut Model, names: &[String]) -> Result<usize> {
     for mut node in std::mem::take(&mut model.graph.nodes) {
         // By op type as well: a model built in memory may repeat a name (a loaded one never
         // does).
-        let coerced = matches!(node.op_type.as_str(), "Softmax" | "LogSoftmax") && default_domain(&node.domain);
+        let coerced = matches!(node.op_type.as_str(), "Softmax" | "LogSoftmax") && is_default_domain(&node.domain);
         if !coerced || !names.contains(&node.name) {
             nodes.push(node);
             continue;

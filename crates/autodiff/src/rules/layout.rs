@@ -379,20 +379,26 @@ fn gather_grad(cx: &mut RuleCx<'_>, data: &str, dy: &str) -> Result<String> {
         })
         .collect();
     let zeros = zeros_shaped(cx, data, &front, dy, &dy_axes)?;
-    let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
-    let updates = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
-        dy.to_string()
-    } else {
-        cx.e.transpose(dy, &dy_front)
-    };
+    let updates = index_axes_first(cx, dy, axis, q, rank);
     let grad =
         cx.e.op("ScatterND", &[&zeros, &positions, &updates], vec![("reduction", Attribute::String(b"add".to_vec()))]);
+    Ok(gathered_axis_back(cx, &grad, axis, rank))
+}
+
+/// A Gather's dY, `[data's axes before axis, the q index axes, data's axes after it]`,
+/// with the index axes moved to the front.
+fn index_axes_first(cx: &mut RuleCx<'_>, dy: &str, axis: usize, q: usize, rank: usize) -> String {
+    let front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
+    if front.iter().enumerate().all(|(i, &a)| i as i64 == a) { dy.to_string() } else { cx.e.transpose(dy, &front) }
+}
+
+/// A gradient computed with the gathered axis first, with that axis put back at `axis`.
+fn gathered_axis_back(cx: &mut RuleCx<'_>, grad: &str, axis: usize, rank: usize) -> String {
     if axis == 0 {
-        return Ok(grad);
+        return grad.to_string();
     }
-    // Back: axis `axis` of the result is axis 0 of the scatter.
     let back: Vec<i64> = (0..rank).map(|a| if a < axis { a + 1 } else if a == axis { 0 } else { a } as i64).collect();
-    Ok(cx.e.transpose(&grad, &back))
+    cx.e.transpose(grad, &back)
 }
 
 /// Before opset 16 (no adding scatter): the gradient of a lookup as one-hot rows times the
@@ -413,12 +419,7 @@ fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -
     // dY is [data's axes before `axis`, the index axes, data's axes after it]: the index
     // axes first, then as [lookups, the rest], the rest's size where it is known (the
     // lookups may count the batch), else the lookups'.
-    let dy_front: Vec<i64> = (axis..axis + q).chain(0..axis).chain(axis + q..rank - 1 + q).map(|a| a as i64).collect();
-    let dy = if dy_front.iter().enumerate().all(|(i, &a)| i as i64 == a) {
-        dy.to_string()
-    } else {
-        cx.e.transpose(dy, &dy_front)
-    };
+    let dy = index_axes_first(cx, dy, axis, q, rank);
     let rows_of_dy = match &trailing {
         Some(t) => [-1, t.iter().product::<usize>() as i64],
         None => [cx.fixed_shape(&indices)?.iter().product::<usize>() as i64, -1],
@@ -455,12 +456,7 @@ fn gather_grad_one_hot(cx: &mut RuleCx<'_>, data: &str, dy: &str, axis: usize) -
             cx.e.op("Reshape", &[&grad, &target], vec![])
         }
     };
-    if axis == 0 {
-        return Ok(grad);
-    }
-    // Back: axis `axis` of the result is axis 0 of the product.
-    let back: Vec<i64> = (0..rank).map(|a| if a < axis { a + 1 } else if a == axis { 0 } else { a } as i64).collect();
-    Ok(cx.e.transpose(&grad, &back))
+    Ok(gathered_axis_back(cx, &grad, axis, rank))
 }
 
 /// The gradient of `GatherND` (`batch_dims` 0): dY added into zeros at the gathered index

@@ -217,7 +217,7 @@ pub static OPS: &[OpSpec] = &[
 
 /// The spec of a default-domain op, if edgefreeze supports it.
 pub fn spec(domain: &str, op_type: &str) -> Option<&'static OpSpec> {
-    if !(domain.is_empty() || domain == "ai.onnx") {
+    if !is_default_domain(domain) {
         return None;
     }
     OPS.iter().find(|s| s.op_type == op_type)
@@ -264,10 +264,15 @@ fn range_text(r: &RangeInclusive<usize>) -> String {
     }
 }
 
+/// Whether a domain is ONNX's default one (written empty or `ai.onnx`).
+pub fn is_default_domain(domain: &str) -> bool {
+    domain.is_empty() || domain == "ai.onnx"
+}
+
 /// Checks the model's default-domain opset is one edgefreeze supports, and that no other
 /// domain is imported by a node that is used.
 pub fn check_opset(opset_imports: &[(String, i64)]) -> Result<()> {
-    let default = opset_imports.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx");
+    let default = opset_imports.iter().find(|(d, _)| is_default_domain(d));
     match default {
         Some((_, v)) if (MIN_OPSET..=MAX_OPSET).contains(v) => Ok(()),
         // Opsets 9 to 12 were brought to 13 on import (crate::upgrade): the range the user
