@@ -242,8 +242,27 @@ def zero_stochastic(model: nn.Module) -> int:
     return n
 
 
+# --fixed-batch: export as users do by default, with one sample and no dynamic batch axis
+# (the import makes the batch variable again; the gradient check still runs at --batch).
+FIXED_BATCH = False
+
+
 def export(model: nn.Module, x: torch.Tensor, exporter: str, path: str):
     model.train()
+    if FIXED_BATCH:
+        # Still in training mode, without constant folding or the optimizer: their folding
+        # of BatchNorm is another matter (see docs/coverage.md, "Exported with defaults").
+        if exporter == "ts":
+            torch.onnx.export(model, (x[:1],), path, dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
+                              opset_version=TS_OPSET, do_constant_folding=False)
+        else:
+            program = torch.onnx.export(model, (x[:1],), dynamo=True, optimize=False, verify=False, report=False)
+            proto = program.model_proto
+            for node in proto.graph.node:
+                del node.metadata_props[:]
+                node.doc_string = ""
+            onnx.save_model(proto, path, save_as_external_data=False)
+        return
     if exporter == "ts":
         torch.onnx.export(model, (x,), path, dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
                           opset_version=TS_OPSET, do_constant_folding=False, input_names=["input"],
@@ -410,12 +429,32 @@ def grads_by_torch_name(got: dict, mapping):
     return {by_onnx[k[5:]]: v for k, v in got.items() if k.startswith("grad.") and k[5:] in by_onnx}
 
 
+# --engine: where grad.onnx runs. "ort" is ONNX Runtime's Python binding; any other
+# engine name (tract, ort:cpu) goes through the engine crate's `run_graph` example,
+# built with `cargo build --release -p edgefreeze-engine --example run_graph`.
+ENGINE = "ort"
+RUN_GRAPH = "target/release/examples/run_graph"
+
+
 def run_grad(conv_dir: str, model_path: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
-    """Loss and gradients of grad.onnx on ONNX Runtime, keyed by PyTorch parameter name."""
-    sess = ort.InferenceSession(os.path.join(conv_dir, "grad.onnx"), providers=["CPUExecutionProvider"])
-    feeds, mapping = grad_feeds([i.name for i in sess.get_inputs()], model_path, model, x, y)
-    outs = sess.run(None, feeds)
-    got = dict(zip([o.name for o in sess.get_outputs()], outs))
+    """Loss and gradients of grad.onnx on the sweep's engine, keyed by PyTorch parameter name."""
+    graph = os.path.join(conv_dir, "grad.onnx")
+    if ENGINE == "ort":
+        sess = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+        feeds, mapping = grad_feeds([i.name for i in sess.get_inputs()], model_path, model, x, y)
+        outs = sess.run(None, feeds)
+        got = dict(zip([o.name for o in sess.get_outputs()], outs))
+    else:
+        from safetensors.numpy import load_file, save_file
+
+        inputs = [i.name for i in onnx.load(graph, load_external_data=False).graph.input]
+        feeds, mapping = grad_feeds(inputs, model_path, model, x, y)
+        feeds_path, out_path = os.path.join(conv_dir, "feeds.safetensors"), os.path.join(conv_dir, "out.safetensors")
+        save_file({k: np.ascontiguousarray(v) for k, v in feeds.items()}, feeds_path)
+        p = subprocess.run([RUN_GRAPH, ENGINE, graph, feeds_path, out_path], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr.strip() or f"run_graph exited with {p.returncode}")
+        got = load_file(out_path)
     return float(got["loss"]), grads_by_torch_name(got, mapping), mapping
 
 
@@ -556,7 +595,7 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, chec
     try:
         loss, grads, _ = run_grad(conv, model_path, model, x, y)
     except Exception as exc:
-        row["gradient"] = f"ORT failed: {first_line(str(exc))}"
+        row["gradient"] = f"{ENGINE} failed: {first_line(str(exc))}"
         return row
     loss64, g64 = torch_grads(model, x, y, torch.float64)
     loss32, g32 = torch_grads(model, x, y, torch.float32)
@@ -960,7 +999,7 @@ def merge_tables(paths, table, command=None, keep_rows=False):
 
 
 def main():
-    global BATCH, SIDE, TS_OPSET
+    global BATCH, SIDE, TS_OPSET, ENGINE, RUN_GRAPH, FIXED_BATCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/zoo")
     ap.add_argument("--table", default=None)
@@ -986,6 +1025,14 @@ def main():
                     help="comma-separated results.jsonl files of --f64-check runs: write the float64 section of "
                     "--table")
     ap.add_argument("--ts-opset", type=int, default=17, help="the TorchScript export's opset_version")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="export with one sample and no dynamic batch axis (the exporters' default)")
+    ap.add_argument("--engine", default="ort",
+                    help="where grad.onnx runs: ort (ONNX Runtime's Python binding, the default) or an engine "
+                    "name of edgefreeze (tract, ort:cpu) through --run-graph")
+    ap.add_argument("--run-graph", default=RUN_GRAPH,
+                    help="the engine crate's run_graph example (cargo build --release -p edgefreeze-engine "
+                    "--example run_graph)")
     ap.add_argument("--times-from", default=None,
                     help="comma-separated results.jsonl files of --convert-only runs: write the convert-time "
                     "section of --table")
@@ -999,6 +1046,9 @@ def main():
     BATCH = args.batch
     SIDE = args.side
     TS_OPSET = args.ts_opset
+    ENGINE = args.engine
+    FIXED_BATCH = args.fixed_batch
+    RUN_GRAPH = args.run_graph
     if args.times_from:
         write_times(args.times_from.split(","), args.table,
                     f"python3 tools/zoo_sweep.py --bin target/release/edgefreeze --convert-only --out <dir>; "

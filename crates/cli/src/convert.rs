@@ -47,6 +47,9 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     let start = Instant::now();
     eprintln!("[1/3] loading {}", args.model.display());
     let model = edgefreeze_graph::import(&args.model)?;
+    for note in edgefreeze_graph::exported::notes(&model) {
+        eprintln!("note: {note}");
+    }
     eprintln!("[2/3] building the training-step, eval and gradient graphs");
     let step_spec = StepSpec { loss: loss.clone(), optimizer: optimizer.clone() };
     let source = args.model.display().to_string();

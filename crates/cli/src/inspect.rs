@@ -32,6 +32,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             model: args.model.display().to_string(),
             opset: model.opset(),
             source_opset: edgefreeze_graph::upgrade::source_opset(&model),
+            export_notes: edgefreeze_graph::exported::notes(&model),
             trainable: training.error.is_none(),
             training_blocked_by: training.error.clone(),
             training_blocked_by_ops: training.blocked_ops.clone(),
@@ -77,6 +78,8 @@ struct Report<'a> {
     opset: i64,
     /// The opset the file was exported at, where the import brought it to `opset`.
     source_opset: Option<i64>,
+    /// What the exporter did that bears on training (folded BatchNorms, a fixed batch).
+    export_notes: Vec<String>,
     /// Whether `convert` builds a gradient graph (cross-entropy loss).
     trainable: bool,
     /// Why not, when it does not.
@@ -105,6 +108,9 @@ fn write_table(
         a.layers.len(),
         a.cuts.len()
     )?;
+    for note in edgefreeze_graph::exported::notes(model) {
+        writeln!(out, "note: {note}")?;
+    }
     for input in &graph.inputs {
         let shape = input.shape.as_deref().map(format_shape).unwrap_or_else(|| "?".into());
         let dtype = input.dtype.map(|d| d.to_string()).unwrap_or_else(|| "?".into());

@@ -417,6 +417,11 @@ fn start(args: &TrainArgs, model: &Path, data: &str, options: TrainOptions) -> R
     // checks it again, for library callers).
     edgefreeze_engine::check_available(&options.engine, &options.engine_options).with_context(nothing_written)?;
     let new_run = prepare_run(&source, data, &recipe).with_context(nothing_written)?;
+    if !args.quiet && model.is_file() {
+        for note in edgefreeze_graph::exported::notes(&*new_run.forward().with_context(nothing_written)?) {
+            eprintln!("note: {note}");
+        }
+    }
     let checked = preflight(&new_run, &options).with_context(nothing_written)?;
     let existed = dir.exists();
     let dir = if numbered {

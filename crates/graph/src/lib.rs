@@ -3,15 +3,18 @@
 //!
 //! Import goes in phases, each its own module: [`load`] parses the protobuf (and external
 //! data), [`upgrade`] brings opsets 9 to 12 to 13, [`sort`] orders the nodes, [`sequence`] turns `torch.chunk`'s tensor sequences
-//! into `Split`s, [`ops`] checks every op is supported, [`fold`] folds
+//! into `Split`s, [`ops`] checks every op is supported, [`batch`] makes a batch of 1 fixed
+//! in the file variable, [`fold`] folds
 //! constant subgraphs, and [`infer`] gives every value a type and shape. [`save`] writes
 //! the model back. [`analysis`] groups nodes into layers and finds the cut points that
 //! freezing and device/edge partitioning act on.
 
 pub mod analysis;
+pub mod batch;
 pub mod dtype;
 pub mod einsum;
 pub mod error;
+pub mod exported;
 pub mod fold;
 pub mod infer;
 pub mod ir;
@@ -52,6 +55,7 @@ pub fn prepare(mut model: Model) -> Result<Model> {
     sort::sort_topologically(&mut model.graph)?;
     sequence::rewrite_sequences(&mut model)?;
     ops::check_supported(&model.graph)?;
+    batch::relax_fixed_batch(&mut model)?;
     upgrade::coerced_softmax(&mut model, &softmax)?;
     untie::untie_identity_initializers(&mut model.graph);
     fold::fold_constants(&mut model)?;

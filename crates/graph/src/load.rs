@@ -25,7 +25,13 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
 /// a model with external data is an error.
 pub fn parse_model(bytes: &[u8], external_dir: Option<&Path>) -> Result<Model> {
     let proto = pb::ModelProto::decode(bytes).map_err(GraphError::Decode)?;
-    model_from_proto(proto, external_dir)
+    let mut model = model_from_proto(proto, external_dir)?;
+    // Node metadata is not kept in the IR; what it says about folded BatchNorms is.
+    let folds = crate::exported::marked_folds(bytes);
+    if folds > 0 && !model.metadata.iter().any(|(k, _)| k == crate::exported::FOLDED_BATCH_NORMS_KEY) {
+        model.metadata.push((crate::exported::FOLDED_BATCH_NORMS_KEY.into(), folds.to_string()));
+    }
+    Ok(model)
 }
 
 /// Converts a decoded `ModelProto`.

@@ -249,3 +249,107 @@ fn a_graph_input_read_behind_a_position_crosses_it() {
         assert_eq!(a.cuts.len(), layers - 1, "mask {mask}");
     }
 }
+
+/// A model whose input and output fix the batch at 1, as both PyTorch exporters write
+/// them without a dynamic batch axis.
+fn fixed_batch_model(nodes: Vec<Node>, out_dims: &str) -> edgefreeze_graph::Model {
+    let mut m = model(18, vec![input("x", "1 4 3 3")], nodes, &["y"]);
+    m.graph.outputs[0] = input("y", out_dims);
+    m
+}
+
+#[test]
+fn a_fixed_batch_of_one_becomes_the_batch() {
+    // Dynamo's `torch.flatten(x, 1)` at batch 1: Reshape to the constant [1, 36] with
+    // allowzero = 1, where a 0 would mean a size of zero.
+    for target in [[1, 36], [1, -1]] {
+        let nodes = vec![
+            Node::new("relu", "Relu", &["x"], &["r"]),
+            ints("shape", &target),
+            Node::new("view", "Reshape", &["r", "shape"], &["flat"]).with_attr("allowzero", Attribute::Int(1)),
+            Node::new("fc", "MatMul", &["flat", "w"], &["y"]),
+        ];
+        let mut m = fixed_batch_model(nodes, "1 10");
+        weight(&mut m, "w", &[36, 10]);
+        let m = prepare(m).unwrap();
+        assert_eq!(shape_of(&m, "x"), "batch×4×3×3", "target {target:?}");
+        assert_eq!(shape_of(&m, "flat"), "batch×36", "target {target:?}");
+        assert_eq!(shape_of(&m, "y"), "batch×10", "target {target:?}");
+        assert_eq!(edgefreeze_graph::batch::exported_batch(&m), Some(1));
+        assert_eq!(edgefreeze_graph::batch::batch_fixed_by(&m), None);
+        let notes = edgefreeze_graph::exported::notes(&m);
+        assert!(notes.iter().any(|n| n.contains("made it variable")), "{notes:?}");
+    }
+}
+
+#[test]
+fn a_batch_a_node_pins_stays_fixed_and_the_node_is_named() {
+    // A class token expanded to a constant [1, 1, 36] and concatenated with the flattened
+    // input: the Concat's output keeps a size of 1 whatever the batch, so the batch stays
+    // fixed (the model keeps running at batch 1) and the reason names the node.
+    let nodes = vec![
+        ints("shape", &[1, 1, 36]),
+        Node::new("view", "Reshape", &["x", "shape"], &["flat"]),
+        Node::new("expand", "Expand", &["cls", "shape"], &["token"]),
+        Node::new("cat", "Concat", &["token", "flat"], &["both"]).with_attr("axis", Attribute::Int(1)),
+        Node::new("fc", "MatMul", &["both", "w"], &["y"]),
+    ];
+    let mut m = fixed_batch_model(nodes, "1 2 10");
+    weight(&mut m, "w", &[36, 10]);
+    weight(&mut m, "cls", &[1, 1, 36]);
+    let m = prepare(m).unwrap();
+    assert_eq!(shape_of(&m, "x"), "1×4×3×3");
+    assert_eq!(shape_of(&m, "y"), "1×2×10");
+    let why = edgefreeze_graph::batch::batch_fixed_by(&m).expect("a reason");
+    assert!(why.contains("\"cat\""), "{why}");
+    let notes = edgefreeze_graph::exported::notes(&m);
+    assert!(notes.iter().any(|n| n.contains("stays fixed") && n.contains("dynamic_shapes")), "{notes:?}");
+}
+
+#[test]
+fn a_reshape_that_merges_the_batch_keeps_it_fixed() {
+    // [1, 4, 3, 3] -> [1, 4, 9] follows the batch; [1, 4, 9] -> [2, 2, 9] folds it into
+    // the first axis with part of the next: no constant makes that follow a batch, so the
+    // batch stays fixed, although the output (not starting with 1) would not show it.
+    let nodes = vec![
+        ints("s1", &[1, 4, 9]),
+        Node::new("v1", "Reshape", &["x", "s1"], &["a"]),
+        ints("s2", &[2, 2, 9]),
+        Node::new("v2", "Reshape", &["a", "s2"], &["y"]),
+    ];
+    let m = prepare(fixed_batch_model(nodes, "2 2 9")).unwrap();
+    assert_eq!(shape_of(&m, "x"), "1×4×3×3");
+    assert_eq!(shape_of(&m, "a"), "1×4×9");
+    let why = edgefreeze_graph::batch::batch_fixed_by(&m).expect("a reason");
+    assert!(why.contains("\"v2\""), "{why}");
+}
+
+#[test]
+fn inputs_without_a_fixed_one_are_left_alone() {
+    let nodes = vec![Node::new("relu", "Relu", &["x"], &["y"])];
+    let mut m = model(18, vec![input("x", "2 4")], nodes, &["y"]);
+    m.graph.outputs[0] = input("y", "2 4");
+    let m = prepare(m).unwrap();
+    assert_eq!(shape_of(&m, "x"), "2×4");
+    assert_eq!(edgefreeze_graph::batch::exported_batch(&m), None);
+    assert!(edgefreeze_graph::exported::notes(&m).is_empty());
+}
+
+#[test]
+fn torchscript_folded_batch_norms_are_told() {
+    // TorchScript's eval-mode constant folding writes a Conv followed by a BatchNorm as
+    // one Conv with new weights, named onnx::Conv_<n>.
+    let nodes = vec![Node::new("conv", "Conv", &["x", "onnx::Conv_7", "onnx::Conv_8"], &["y"])];
+    let mut m = model(17, vec![input("x", "batch 4 3 3")], nodes, &["y"]);
+    weight(&mut m, "onnx::Conv_7", &[2, 4, 1, 1]);
+    weight(&mut m, "onnx::Conv_8", &[2]);
+    m.producer_name = "pytorch".into();
+    let m = prepare(m).unwrap();
+    assert_eq!(edgefreeze_graph::exported::folded_batch_norms(&m), Some((1, "TorchScript")));
+    let notes = edgefreeze_graph::exported::notes(&m);
+    assert!(notes[0].contains("do_constant_folding=False"), "{notes:?}");
+    // The same graph from another producer says nothing: the names are PyTorch's.
+    let mut other = m.clone();
+    other.producer_name = "other".into();
+    assert_eq!(edgefreeze_graph::exported::folded_batch_norms(&other), None);
+}

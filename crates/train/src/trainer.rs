@@ -600,6 +600,19 @@ pub fn open_data(
 /// Checks that samples have the shape the model's input takes and labels fit its classes.
 pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
     let input = &manifest.data_inputs[0];
+    // Batches of any size reach the graphs (the last one of an epoch or of the test set is
+    // short), so a fixed first axis fails on some batch whatever the recipe says: the
+    // import made a fixed batch of 1 variable wherever it could prove that safe.
+    if let Some(fixed) = input.shape.first().and_then(|d| d.as_u64()) {
+        return Err(TrainError::Config(format!(
+            "the model's input {:?} has a fixed batch size of {fixed}: the ONNX file was exported without a \
+             dynamic batch axis{}. Re-export it with one: torch.onnx.export(..., dynamic_axes={{\"{}\": {{0: \
+             \"batch\"}}}}) (TorchScript) or dynamic_shapes=({{0: torch.export.Dim(\"batch\")}},) (dynamo)",
+            input.name,
+            if fixed == 1 { " and a node keeps it fixed in the graph (`edgefreeze inspect` names it)" } else { "" },
+            input.name,
+        )));
+    }
     let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
     let have = data.train.sample_shape();
     let fits = wanted.len() == have.len() && wanted.iter().zip(&have).all(|(w, h)| w.is_none_or(|w| w as usize == *h));

@@ -74,6 +74,16 @@ pub fn infer(graph: &Graph, opset: i64) -> Result<Inference> {
 /// [`infer`] over the first `count` nodes only (what an import phase that rewrites node
 /// `count` needs to know about its inputs).
 pub fn infer_prefix(graph: &Graph, count: usize, opset: i64) -> Result<Inference> {
+    let mut inf = seeded(graph);
+    for node in &graph.nodes[..count.min(graph.nodes.len())] {
+        infer_node(node, &mut inf, opset)?;
+    }
+    Ok(inf)
+}
+
+/// What is known before the first node: the graph's inputs and its initializers (the
+/// start of an import phase that infers node by node while it rewrites).
+pub(crate) fn seeded(graph: &Graph) -> Inference {
     let mut inf = Inference::default();
     for v in graph.inputs.iter().chain(graph.initializer_inputs.iter()) {
         inf.types.insert(v.name.clone(), v.clone());
@@ -84,13 +94,11 @@ pub fn infer_prefix(graph: &Graph, count: usize, opset: i64) -> Result<Inference
             inf.constants.insert(name.clone(), t.clone());
         }
     }
-    for node in &graph.nodes[..count.min(graph.nodes.len())] {
-        infer_node(node, &mut inf, opset)?;
-    }
-    Ok(inf)
+    inf
 }
 
-fn infer_node(node: &Node, inf: &mut Inference, opset: i64) -> Result<()> {
+/// Infers one node's outputs into `inf`, its inputs already there.
+pub(crate) fn infer_node(node: &Node, inf: &mut Inference, opset: i64) -> Result<()> {
     let spec = spec(&node.domain, &node.op_type)
         .ok_or_else(|| GraphError::node(node, "no shape rule for this op (unsupported)"))?;
     let cx = Cx { node, inf, opset };

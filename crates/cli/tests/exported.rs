@@ -1,0 +1,81 @@
+//! Models exported the way PyTorch's exporters do by default (`tools/export_defaults.py`
+//! wrote `tests/fixtures/exported/`): one sample, no dynamic batch axis, and BatchNorm
+//! folded into the convolutions. `train` takes them at any batch and says what the export
+//! did; a batch a node keeps fixed is an error that says how to export, before anything
+//! is written.
+
+mod common;
+
+use common::{edgefreeze, text, write_idx};
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/exported").join(name)
+}
+
+/// One short epoch at batch 16 on 28×28 digits written on the spot.
+fn train(model: &str, data: &str, out: &str) -> std::process::Output {
+    let model = fixture(model);
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data,
+        "--out",
+        out,
+        "--epochs",
+        "1",
+        "--batch",
+        "16",
+        "--lr",
+        "0.05",
+        "--limit",
+        "40",
+        "--test-limit",
+        "20",
+        "--threads",
+        "1",
+        "--engine",
+        "tract",
+    ];
+    edgefreeze(&args)
+}
+
+#[test]
+fn default_exports_train_at_any_batch_and_say_what_the_export_did() {
+    let tmp = tempfile::tempdir().unwrap();
+    let images = tmp.path().join("digits");
+    write_idx(&images, 64, 32);
+    let data = format!("idx:{}", images.display());
+    // (fixture, the exporter its fold note names)
+    for (model, exporter) in [("cnn.ts_default.onnx", "TorchScript"), ("cnn.dynamo_default.onnx", "dynamo")] {
+        let out_dir = tmp.path().join(model);
+        // 40 samples at batch 16: batches of 16, 16 and 8, and 20 test samples (16, 4).
+        let out = train(model, &data, out_dir.to_str().unwrap());
+        assert!(out.status.success(), "{model}: {}", text(&out));
+        assert!(out_dir.join("checkpoints/epoch-0001.safetensors").is_file(), "{model}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("note: 2 convolutions hold a BatchNorm folded into them at export by"), "{model}: {err}");
+        assert!(err.contains(exporter), "{model}: {err}");
+        assert!(err.contains("the file fixes the batch at 1") && err.contains("made it variable"), "{model}: {err}");
+    }
+}
+
+#[test]
+fn a_batch_a_node_keeps_fixed_is_an_error_that_says_how_to_export_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let images = tmp.path().join("digits");
+    write_idx(&images, 64, 32);
+    let data = format!("idx:{}", images.display());
+    let out_dir = tmp.path().join("run");
+    let out = train("cls.dynamo_b1.onnx", &data, out_dir.to_str().unwrap());
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("note: the file fixes the batch at 1") && err.contains("\"node_cat\" (Concat)"), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with(&format!("error: nothing written to {}: ", out_dir.display())), "{err}");
+    assert!(last.contains("the model's input \"x\" has a fixed batch size of 1"), "{err}");
+    assert!(last.contains("dynamic_shapes=({0: torch.export.Dim(\"batch\")},)"), "{err}");
+    assert!(!out_dir.exists(), "the failed start left {}", out_dir.display());
+}
