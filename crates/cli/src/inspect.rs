@@ -56,6 +56,14 @@ struct TrainingCheck {
 }
 
 fn training_check(model: &Model) -> TrainingCheck {
+    // `train` feeds batches of every size (an epoch's last one is short): a batch the file
+    // keeps fixed stops it before any graph is built.
+    if let Some(why) = edgefreeze_graph::batch::batch_fixed_by(model) {
+        let error = Some(format!(
+            "the file fixes the batch at 1 and it stays fixed ({why}); re-export with a dynamic batch axis"
+        ));
+        return TrainingCheck { blocked_ops: Vec::new(), error };
+    }
     // The gradient table first: it names every op that blocks training, with its reason.
     match edgefreeze_autodiff::training::training_blockers(model, &[]) {
         Ok(blocked) if !blocked.is_empty() => {

@@ -79,3 +79,23 @@ fn a_batch_a_node_keeps_fixed_is_an_error_that_says_how_to_export_and_writes_not
     assert!(last.contains("dynamic_shapes=({0: torch.export.Dim(\"batch\")},)"), "{err}");
     assert!(!out_dir.exists(), "the failed start left {}", out_dir.display());
 }
+
+#[test]
+fn inspect_tells_the_export_notes_and_that_a_fixed_batch_blocks_training() {
+    let cls = fixture("cls.dynamo_b1.onnx");
+    let out = edgefreeze(&["inspect", cls.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["trainable"], false, "{report}");
+    let blocked = report["training_blocked_by"].as_str().unwrap();
+    assert!(blocked.contains("the file fixes the batch at 1") && blocked.contains("node_cat"), "{blocked}");
+    assert_eq!(report["export_notes"].as_array().unwrap().len(), 1, "{report}");
+
+    let folded = fixture("cnn.ts_default.onnx");
+    let out = edgefreeze(&["inspect", folded.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("note: 2 convolutions hold a BatchNorm folded into them"), "{table}");
+    assert!(table.contains("input  input.1 f32 batch×1×28×28"), "{table}");
+    assert!(table.contains("training: yes"), "{table}");
+}

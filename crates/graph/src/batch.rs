@@ -6,16 +6,17 @@
 //! batch: tract stops with "Clashing resolution for expression. 1=1 != 64".
 //!
 //! Where every data input starts with a fixed size of 1, the import makes that axis the
-//! symbol [`BATCH_SYMBOL`] and walks the graph node by node. A `Reshape` whose target
-//! is a constant starting with that 1 (dynamo writes `torch.flatten` and `view` so) gets a
-//! copy of the target that starts with -1 (the rest resolved to sizes), but only where
-//! the rest of the target holds exactly the rest of the input, so the first axis is the
-//! batch and nothing else. If afterwards no node has taken the batch in and put out floats
-//! without it, and every output that started with the 1 starts with the batch, the
-//! rewrite is kept. Otherwise some node fixes the batch in a way this pass
-//! does not prove safe to change (an `Expand` to a constant shape, a `Reshape` that
-//! merges the batch into another axis): the model stays as exported, runs at batch 1
-//! only, and the metadata names the node, which the trainer's error and `inspect` show.
+//! symbol [`BATCH_SYMBOL`] and walks the graph node by node. A `Reshape` to a constant
+//! that keeps the batch's size-1 axis as an axis of its own (dynamo writes `torch.flatten`
+//! and `view` so: `[1, C·H·W]`, `[1, S, H, D]`, also after a Transpose moved the batch)
+//! gets a copy of the target with -1 there and every other size resolved. If afterwards
+//! no node has taken the batch in and put out floats without it, and every output that
+//! started with the 1 starts with the batch, the rewrite is kept. Otherwise some node
+//! fixes the batch in a way this pass does not prove safe to change (an `Expand` to a
+//! constant shape; a `Reshape` that merges the batch with another axis, which at batch 1
+//! cannot be told from a merge with the axis on its other side): the model stays as
+//! exported, runs at batch 1 only, and the metadata names the node, which `inspect`,
+//! `convert` and `train` show, and `train` refuses it.
 
 use crate::error::Result;
 use crate::infer::{self, Inference};
@@ -119,6 +120,15 @@ fn walk(graph: &mut Graph, opset: i64, batch: &Dim, batched: &[String]) -> Resul
             .iter()
             .all(|o| inf.types.get(o).and_then(|v| v.shape.as_ref()).is_some_and(|s| s.first() == Some(batch)));
     if kept {
+        // Declared output shapes that the batch now runs through (one that started with
+        // the 1 is already the batch; another can hold a multiple of it).
+        for out in &mut graph.outputs {
+            if let Some(shape) = inf.types.get(&out.name).and_then(|v| v.shape.as_ref())
+                && carries(Some(shape))
+            {
+                out.shape = Some(shape.clone());
+            }
+        }
         return Ok(None);
     }
     Ok(Some(match lost_at {
@@ -133,9 +143,17 @@ fn walk(graph: &mut Graph, opset: i64, batch: &Dim, batched: &[String]) -> Resul
     }))
 }
 
-/// A `Reshape`'s constant target with its leading 1 made -1 (and any other -1 resolved),
-/// when its input starts with the batch and the rest of the target holds exactly
-/// the rest of the input, so that the two first axes are one and the same.
+/// A `Reshape`'s constant target rewritten to follow the batch.
+///
+/// Its input must have the batch on one axis `b` and fixed sizes elsewhere. The exported
+/// target (at batch 1) is kept where it regroups the axes before `b` among themselves and
+/// those after `b` among themselves, with an axis `j` of size 1 between them: that axis
+/// is the batch's, and written -1 (every other size fixed) it takes the batch at any
+/// size. Where several axes qualify (sizes of 1 next to it), the one at `b` is taken,
+/// else none is. A target that merges the batch with a neighbour (attention's `[S, 1·H,
+/// D]`, `[S·1, E]`) is left alone: at batch 1 a merge to the left and one to the right
+/// look the same, and guessing wrong would mix samples. The batch is then lost there,
+/// and the walk reports the node.
 fn reshape_target(node: &Node, inf: &Inference, batch: &Dim) -> Result<Option<Tensor>> {
     if node.op_type != "Reshape" || !is_default_domain(&node.domain) {
         return Ok(None);
@@ -145,28 +163,41 @@ fn reshape_target(node: &Node, inf: &Inference, batch: &Dim) -> Result<Option<Te
     };
     let Some(target) = node.input(1).and_then(|n| inf.constants.get(n)) else { return Ok(None) };
     let Some(values) = target.to_i64_vec() else { return Ok(None) };
-    if shape.first() != Some(batch) || values.first() != Some(&1) || target.dims().len() != 1 {
+    if target.dims().len() != 1 {
         return Ok(None);
     }
-    let rest: Option<Vec<usize>> = shape[1..].iter().map(Dim::fixed).collect();
-    let Some(rest) = rest else { return Ok(None) };
-    let held: usize = rest.iter().product();
-    let tail = &values[1..];
-    // The rest of the target, every -1 resolved: it must hold exactly the rest of the
-    // input, so that the first axes match.
-    let known: i64 = tail.iter().filter(|&&v| v != -1).product();
-    let resolved: Option<Vec<i64>> = match tail.iter().filter(|&&v| v == -1).count() {
-        _ if tail.iter().any(|&v| v == 0 || v < -1) || known <= 0 => None,
-        0 => (known == held as i64).then(|| tail.to_vec()),
-        1 => (held as i64 % known == 0)
-            .then(|| tail.iter().map(|&v| if v == -1 { held as i64 / known } else { v }).collect()),
-        _ => None,
+    let Some(b) = shape.iter().position(|d| d == batch) else { return Ok(None) };
+    let fixed: Option<Vec<usize>> =
+        shape.iter().enumerate().map(|(i, d)| if i == b { Some(1) } else { d.fixed() }).collect();
+    let Some(fixed) = fixed else { return Ok(None) };
+    let before: usize = fixed[..b].iter().product();
+    let after: usize = fixed[b + 1..].iter().product();
+    // The target at batch 1, its -1 resolved (a 0 copies an input axis: left to the shape
+    // rule, which follows the batch through it).
+    if values.iter().any(|&v| v == 0 || v < -1) || values.iter().filter(|&&v| v == -1).count() > 1 {
+        return Ok(None);
+    }
+    let total = before * after;
+    let known: usize = values.iter().filter(|&&v| v > 0).map(|&v| v as usize).product();
+    if known == 0 || !total.is_multiple_of(known) {
+        return Ok(None);
+    }
+    let sizes: Vec<usize> = values.iter().map(|&v| if v == -1 { total / known } else { v as usize }).collect();
+    let candidates: Vec<usize> = (0..sizes.len())
+        .filter(|&j| {
+            sizes[j] == 1
+                && sizes[..j].iter().product::<usize>() == before
+                && sizes[j + 1..].iter().product::<usize>() == after
+        })
+        .collect();
+    let j = match candidates[..] {
+        [one] => one,
+        _ if candidates.contains(&b) => b,
+        _ => return Ok(None),
     };
-    let Some(resolved) = resolved else { return Ok(None) };
-    // -1 first: the batch, whatever `allowzero` says (dynamo writes 1, where a 0 would be
-    // a size of zero).
-    let values: Vec<i64> = std::iter::once(-1).chain(resolved).collect();
-    Ok(Some(Tensor::from_i64_as(target.dtype(), target.dims().to_vec(), &values)?))
+    let mut rewritten: Vec<i64> = sizes.iter().map(|&v| v as i64).collect();
+    rewritten[j] = -1;
+    Ok(Some(Tensor::from_i64_as(target.dtype(), target.dims().to_vec(), &rewritten)?))
 }
 
 /// `base`, or `base` with a number, not yet a value name of `graph`.

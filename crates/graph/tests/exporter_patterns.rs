@@ -307,19 +307,46 @@ fn a_batch_a_node_pins_stays_fixed_and_the_node_is_named() {
 }
 
 #[test]
-fn a_reshape_that_merges_the_batch_keeps_it_fixed() {
-    // [1, 4, 3, 3] -> [1, 4, 9] follows the batch; [1, 4, 9] -> [2, 2, 9] folds it into
-    // the first axis with part of the next: no constant makes that follow a batch, so the
-    // batch stays fixed, although the output (not starting with 1) would not show it.
+fn a_batch_moved_by_a_transpose_is_followed_and_a_merged_one_is_not() {
+    // Sequence first at batch 1 (S = 4, E = 9): [1, 4, 9] -> Transpose -> [S, 1, E], then a
+    // Reshape that keeps the batch's axis ([S, 1, 3, 3]: heads split off the features)
+    // is followed; one that merges the batch with the heads ([S, 1·3, 3]) is not, since at
+    // batch 1 it cannot be told from [S·1, ...]-style merges the other way.
+    let head = |last: Node, last_target: Node| {
+        vec![
+            ints("s1", &[1, 4, 9]),
+            Node::new("tokens", "Reshape", &["x", "s1"], &["a"]),
+            Node::new("seq_first", "Transpose", &["a"], &["b"]).with_attr("perm", ints_attr(&[1, 0, 2])),
+            last_target,
+            last,
+        ]
+    };
+    let split = head(Node::new("heads", "Reshape", &["b", "s2"], &["y"]), ints("s2", &[4, 1, 3, 3]));
+    let m = prepare(fixed_batch_model(split, "4 1 3 3")).unwrap();
+    assert_eq!(edgefreeze_graph::batch::batch_fixed_by(&m), None);
+    assert_eq!(shape_of(&m, "y"), "4×batch×3×3");
+
+    let merged = head(Node::new("heads", "Reshape", &["b", "s2"], &["y"]), ints("s2", &[4, 3, 3]));
+    let m = prepare(fixed_batch_model(merged, "4 3 3")).unwrap();
+    assert_eq!(shape_of(&m, "x"), "1×4×3×3");
+    let why = edgefreeze_graph::batch::batch_fixed_by(&m).expect("a reason");
+    assert!(why.contains("\"heads\""), "{why}");
+}
+
+#[test]
+fn an_ambiguous_regrouping_keeps_the_batch_fixed() {
+    // [4, N, 9] (a Transpose of [N, 4, 9]) to the constant [2, 2, 1, 1, 9]: the batch may
+    // be axis 2 or 3 (both have 4 elements before them and 9 after), and neither is where
+    // it was: no rewrite, and the batch is lost at the Reshape.
     let nodes = vec![
         ints("s1", &[1, 4, 9]),
         Node::new("v1", "Reshape", &["x", "s1"], &["a"]),
-        ints("s2", &[2, 2, 9]),
-        Node::new("v2", "Reshape", &["a", "s2"], &["y"]),
+        Node::new("t", "Transpose", &["a"], &["b"]).with_attr("perm", ints_attr(&[1, 0, 2])),
+        ints("s2", &[2, 2, 1, 1, 9]),
+        Node::new("v2", "Reshape", &["b", "s2"], &["y"]),
     ];
-    let m = prepare(fixed_batch_model(nodes, "2 2 9")).unwrap();
+    let m = prepare(fixed_batch_model(nodes, "2 2 1 1 9")).unwrap();
     assert_eq!(shape_of(&m, "x"), "1×4×3×3");
-    assert_eq!(shape_of(&m, "a"), "1×4×9");
     let why = edgefreeze_graph::batch::batch_fixed_by(&m).expect("a reason");
     assert!(why.contains("\"v2\""), "{why}");
 }
