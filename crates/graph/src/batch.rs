@@ -51,6 +51,9 @@ fn metadata<'a>(model: &'a Model, key: &str) -> Option<&'a str> {
 /// the module documentation); otherwise records the node that prevents it. A model whose
 /// inputs do not all start with a fixed 1 is left untouched.
 pub fn relax_fixed_batch(model: &mut Model) -> Result<()> {
+    // What an earlier import recorded describes the file it read, not this one (a model
+    // `edgefreeze export` wrote from a relaxed one has the batch symbolic).
+    model.metadata.retain(|(k, _)| k != EXPORTED_BATCH_KEY && k != BATCH_FIXED_BY_KEY);
     let graph = &model.graph;
     let starts_with_one = |shape: &Option<Vec<Dim>>| matches!(shape.as_deref(), Some([Dim::Fixed(1), ..]));
     if graph.inputs.is_empty() || !graph.inputs.iter().all(|v| starts_with_one(&v.shape)) {
