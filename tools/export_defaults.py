@@ -15,11 +15,13 @@ with fixed random weights:
   optimize=False) but at batch 1 without a dynamic axis;
 - cnn.ts_default.onnx, cnn.dynamo_default.onnx: torch.onnx.export(model, (x,), path) with
   nothing else but dynamo=False / the default dynamo=True: batch 1 and BatchNorm folded;
-and cls.dynamo_b1.onnx: a model with a class token expanded to the batch
+cnn_nhwc.dynamic.onnx: the reference model taking its images channels last (`[N, 28, 28,
+1]`, a Permute in front), as Keras and TensorFlow models do; and cls.dynamo_b1.onnx: a model with a class token expanded to the batch
 (`cls.expand(n, -1, -1)`), at batch 1 from dynamo, whose batch no constant rewrite can free.
 """
 
 import argparse
+import copy
 import os
 
 import onnx
@@ -53,6 +55,17 @@ class ClassToken(nn.Module):
         return self.head(t.mean(dim=1))
 
 
+class ChannelsLast(nn.Module):
+    """The CNN taking images channels last, as Keras and TensorFlow models do."""
+
+    def __init__(self, cnn):
+        super().__init__()
+        self.cnn = cnn
+
+    def forward(self, x):
+        return self.cnn(x.permute(0, 3, 1, 2))
+
+
 def strip(proto):
     """dynamo's node metadata is most of a small model's bytes; the fold marker stays."""
     for node in proto.graph.node:
@@ -84,16 +97,21 @@ def main():
         bn.running_var.uniform_(0.5, 1.5)
     x1 = torch.randn(1, 1, 28, 28)
     train = torch.onnx.TrainingMode.TRAINING
-    model.train()
-    torch.onnx.export(model, (x1,), out("cnn.dynamic.onnx"), dynamo=False, training=train, do_constant_folding=False,
+    # Exporting runs the model, and in training mode that moves the BatchNorm running
+    # statistics: each export gets a copy of the same state, so that all hold the same.
+    fresh = lambda: copy.deepcopy(model).train()  # noqa: E731
+    torch.onnx.export(fresh(), (x1,), out("cnn.dynamic.onnx"), dynamo=False, training=train, do_constant_folding=False,
                       input_names=["input"], dynamic_axes={"input": {0: "batch"}})
-    torch.onnx.export(model, (x1,), out("cnn.ts_b1.onnx"), dynamo=False, training=train, do_constant_folding=False,
+    torch.onnx.export(fresh(), (x1,), out("cnn.ts_b1.onnx"), dynamo=False, training=train, do_constant_folding=False,
                       input_names=["input"])
-    dynamo(model, x1, out("cnn.dynamo_b1.onnx"), optimize=False)
+    dynamo(fresh(), x1, out("cnn.dynamo_b1.onnx"), optimize=False)
+    # The same weights taking [N, 28, 28, 1]: train must batch the images channels last.
+    torch.onnx.export(ChannelsLast(fresh()), (x1.permute(0, 2, 3, 1),), out("cnn_nhwc.dynamic.onnx"), dynamo=False,
+                      training=train, do_constant_folding=False, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}})
     # The defaults: nothing but the model, the example and the path.
-    torch.onnx.export(model, (x1,), out("cnn.ts_default.onnx"), dynamo=False)
-    model.train()
-    dynamo(model, x1, out("cnn.dynamo_default.onnx"))
+    torch.onnx.export(fresh(), (x1,), out("cnn.ts_default.onnx"), dynamo=False)
+    dynamo(fresh(), x1, out("cnn.dynamo_default.onnx"))
     torch.manual_seed(1)
     dynamo(ClassToken().train(), x1, out("cls.dynamo_b1.onnx"), optimize=False)
     for name in sorted(os.listdir(args.out)):

@@ -99,3 +99,32 @@ fn inspect_tells_the_export_notes_and_that_a_fixed_batch_blocks_training() {
     assert!(table.contains("input  input.1 f32 batch×1×28×28"), "{table}");
     assert!(table.contains("training: yes"), "{table}");
 }
+
+/// The epoch line's losses and accuracies (`train loss … | test loss … acc …%`), without
+/// the throughput.
+fn epoch_numbers(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("epoch 1/1:")).unwrap_or_else(|| panic!("no epoch line: {err}"));
+    line.split(" | ").take(2).collect::<Vec<_>>().join(" | ")
+}
+
+#[test]
+fn a_channels_last_model_is_fed_channels_last_and_trains_as_its_channels_first_twin() {
+    // The same weights taking [N, 28, 28, 1] (a Transpose in front) and [N, 1, 28, 28]:
+    // train lays the batches out for each, and the two runs are the same arithmetic (a
+    // Transpose is exact), so their losses and accuracies agree to the last digit printed.
+    let tmp = tempfile::tempdir().unwrap();
+    let images = tmp.path().join("digits");
+    write_idx(&images, 64, 32);
+    let data = format!("idx:{}", images.display());
+    let first = train("cnn.dynamic.onnx", &data, tmp.path().join("nchw").to_str().unwrap());
+    let last = train("cnn_nhwc.dynamic.onnx", &data, tmp.path().join("nhwc").to_str().unwrap());
+    assert!(first.status.success() && last.status.success(), "{}\n{}", text(&first), text(&last));
+    assert_eq!(epoch_numbers(&first), epoch_numbers(&last));
+
+    // A Keras model converted by tf2onnx (tools/export_keras.py): channels last, its batch
+    // axis named unk__<n>, BatchNorm folded by the converter (which marks nothing).
+    let keras = train("keras_cnn.tf2onnx.onnx", &data, tmp.path().join("keras").to_str().unwrap());
+    assert!(keras.status.success(), "{}", text(&keras));
+    assert!(tmp.path().join("keras/checkpoints/epoch-0001.safetensors").is_file(), "{}", text(&keras));
+}

@@ -66,6 +66,10 @@ pub enum Samples {
         data: ImageDataset,
         /// The per-channel normalisation.
         normalization: Normalization,
+        /// Batches laid out `[batch, height, width, channels]` (a model from Keras or
+        /// TensorFlow, converted by tf2onnx, takes its images channels last) instead of
+        /// `[batch, channels, height, width]`.
+        channels_last: bool,
     },
     /// Token sequences.
     Text(TextDataset),
@@ -126,7 +130,15 @@ impl Batch {
 impl Samples {
     /// Images that batches normalise with `normalization` (the training split's statistics).
     pub fn images(data: ImageDataset, normalization: Normalization) -> Samples {
-        Samples::Images { data, normalization }
+        Samples::Images { data, normalization, channels_last: false }
+    }
+
+    /// The same samples, images batched channels last (`[batch, H, W, C]`); text as it is.
+    pub fn channels_last(self) -> Samples {
+        match self {
+            Samples::Images { data, normalization, .. } => Samples::Images { data, normalization, channels_last: true },
+            text => text,
+        }
     }
 
     /// Number of samples.
@@ -147,17 +159,20 @@ impl Samples {
         }
     }
 
-    /// The shape of one sample: `[channels, height, width]` or `[seq_len]`.
+    /// The shape of one sample: `[channels, height, width]` (`[height, width, channels]`
+    /// channels last) or `[seq_len]`.
     pub fn sample_shape(&self) -> Vec<usize> {
         match self {
-            Samples::Images { data, .. } => vec![data.channels, data.height, data.width],
+            Samples::Images { data, channels_last: false, .. } => vec![data.channels, data.height, data.width],
+            Samples::Images { data, channels_last: true, .. } => vec![data.height, data.width, data.channels],
             Samples::Text(t) => vec![t.seq_len],
         }
     }
 
     /// The batch of the samples `indices`, in that order.
     ///
-    /// Images become f32 `(p / 255 - mean[c]) / std[c]` of shape `[batch, C, H, W]`,
+    /// Images become f32 `(p / 255 - mean[c]) / std[c]` of shape `[batch, C, H, W]` (or
+    /// `[batch, H, W, C]`, channels last),
     /// augmented first (if `augmentation` is given) as a pure function of (`seed`,
     /// `epoch`, sample index): pass an augmentation for training batches only. Texts
     /// become i64 token ids `[batch, seq_len]` and ignore augmentation. Labels are i64.
@@ -194,7 +209,7 @@ impl Samples {
         let mut shape = vec![indices.len()];
         shape.extend(self.sample_shape());
         let inputs = match self {
-            Samples::Images { data, normalization } => {
+            Samples::Images { data, normalization, channels_last } => {
                 let dims = (data.channels, data.height, data.width);
                 let plane = data.height * data.width;
                 let mut out = Vec::with_capacity(indices.len() * data.image_size());
@@ -207,8 +222,14 @@ impl Samples {
                         }
                         _ => data.image(i),
                     };
-                    for (c, channel) in image.chunks(plane.max(1)).enumerate() {
-                        out.extend(channel.iter().map(|&p| normalization.apply(c, p)));
+                    if *channels_last {
+                        for at in 0..plane {
+                            out.extend((0..data.channels).map(|c| normalization.apply(c, image[c * plane + at])));
+                        }
+                    } else {
+                        for (c, channel) in image.chunks(plane.max(1)).enumerate() {
+                            out.extend(channel.iter().map(|&p| normalization.apply(c, p)));
+                        }
                     }
                 }
                 Inputs::F32(out)
@@ -246,6 +267,28 @@ mod tests {
         let got = batch.inputs.as_f32().unwrap();
         assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6), "{got:?}");
         assert!(samples.batch(&[2], None, 0, 0).unwrap_err().to_string().contains("out of range"));
+    }
+
+    #[test]
+    fn channels_last_batches_are_the_transpose_of_channels_first() {
+        // Two 3-channel 2×2 images with distinct pixels.
+        let data = ImageDataset {
+            channels: 3,
+            height: 2,
+            width: 2,
+            pixels: (0..24).map(|p| p * 10).collect(),
+            labels: vec![0, 1],
+        };
+        let norm = Normalization::from_images(&data);
+        let first = Samples::images(data.clone(), norm.clone()).batch(&[1, 0], None, 0, 0).unwrap();
+        let last = Samples::images(data, norm).channels_last().batch(&[1, 0], None, 0, 0).unwrap();
+        assert_eq!(last.shape, vec![2, 2, 2, 3]);
+        let (f, l) = (first.inputs.as_f32().unwrap(), last.inputs.as_f32().unwrap());
+        for (n, y, x, c) in
+            (0..2).flat_map(|n| (0..2).flat_map(move |y| (0..2).flat_map(move |x| (0..3).map(move |c| (n, y, x, c)))))
+        {
+            assert_eq!(l[((n * 2 + y) * 2 + x) * 3 + c], f[((n * 3 + c) * 2 + y) * 2 + x], "({n}, {y}, {x}, {c})");
+        }
     }
 
     #[test]

@@ -72,6 +72,12 @@ pub struct Splits {
 }
 
 impl Splits {
+    /// The same splits with images batched channels last ([`Samples::channels_last`]).
+    pub fn channels_last(self) -> Splits {
+        let last = |s: Arc<Samples>| Arc::new(Arc::unwrap_or_clone(s).channels_last());
+        Splits { train: last(self.train), test: last(self.test), ..self }
+    }
+
     /// The per-channel normalisation of an image dataset: the training split's statistics,
     /// which batches of both splits apply.
     pub fn normalization(&self) -> Option<&Normalization> {

@@ -594,7 +594,25 @@ pub fn open_data(
             open.vocab_size = v;
         }
     }
-    Ok(open_with(name, &open)?)
+    Ok(fit_layout(open_with(name, &open)?, manifest))
+}
+
+/// The dataset laid out as the model's data input takes it: images batched channels last
+/// where the model takes `[H, W, C]` of the dataset's `[C, H, W]` (Keras and TensorFlow
+/// models, converted by tf2onnx, do), as they are otherwise; [`check_fit`] judges the rest.
+fn fit_layout(data: Splits, manifest: &Manifest) -> Splits {
+    let Some(input) = manifest.data_inputs.first() else { return data };
+    let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
+    let fits = |shape: &[usize]| {
+        wanted.len() == shape.len() && wanted.iter().zip(shape).all(|(w, h)| w.is_none_or(|w| w as usize == *h))
+    };
+    let have = data.train.sample_shape();
+    let images = matches!(*data.train, Samples::Images { .. });
+    if images && have.len() == 3 && !fits(&have) && fits(&[have[1], have[2], have[0]]) {
+        data.channels_last()
+    } else {
+        data
+    }
 }
 
 /// Checks that samples have the shape the model's input takes and labels fit its classes.
