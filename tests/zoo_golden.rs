@@ -1,7 +1,9 @@
 //! Models as users bring them: small torchvision models and `nn.TransformerEncoder`
 //! classifiers exported in training mode by both PyTorch exporters
 //! (`tools/zoo_sweep.py --fixtures tests/fixtures/zoo`), whose loss and every parameter
-//! gradient must match PyTorch's float64 ones on ONNX Runtime and on tract.
+//! gradient must match PyTorch's float64 ones on ONNX Runtime and on tract; and a Keras
+//! model converted by tf2onnx, against TensorFlow's float64 ones
+//! (`tools/keras_gradients.py`; "PyTorch" below stands for TensorFlow there).
 //!
 //! The rule is the one of the bundled models' PyTorch comparison
 //! ([`edgefreeze_tests::tolerance`]): per tensor, within 16 times PyTorch's own float32
@@ -149,4 +151,5 @@ zoo_tests! {
     transformer_encoder_torchscript: "tfenc_bf_pre_gelu.ts",
     transformer_encoder_masked_dynamo: "tfenc_bf_pre_gelu_mask.dynamo",
     transformer_encoder_seq_first_masked_torchscript: "tfenc_sf_post_relu_mask.ts",
+    keras_through_tf2onnx: "keras_cnn.tf2onnx",
 }
