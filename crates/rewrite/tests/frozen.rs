@@ -311,4 +311,5 @@ zoo_cached_pair_tests! {
     cached_pair_zoo_tfenc_bf_pre_gelu_ts => "tfenc_bf_pre_gelu.ts";
     cached_pair_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo";
     cached_pair_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts";
+    cached_pair_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx";
 }

@@ -461,6 +461,7 @@ zoo_split_tests! {
     split_zoo_tfenc_bf_pre_gelu_ts => "tfenc_bf_pre_gelu.ts", [1, 2, 3];
     split_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo", [0, 1];
     split_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts", [1, 2];
+    split_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx", [0, 1];
 }
 
 #[test]
