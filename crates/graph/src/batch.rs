@@ -20,7 +20,7 @@
 
 use crate::error::Result;
 use crate::infer::{self, Inference};
-use crate::ir::{Dim, Graph, Model, Node};
+use crate::ir::{Dim, Graph, Model, Node, fresh_name};
 use crate::ops::is_default_domain;
 use crate::tensor::Tensor;
 
@@ -35,16 +35,12 @@ pub const BATCH_FIXED_BY_KEY: &str = "edgefreeze.batch_fixed_by";
 
 /// The batch size the ONNX file fixed, if it fixed one of 1.
 pub fn exported_batch(model: &Model) -> Option<usize> {
-    metadata(model, EXPORTED_BATCH_KEY).and_then(|v| v.parse().ok())
+    model.metadata_value(EXPORTED_BATCH_KEY).and_then(|v| v.parse().ok())
 }
 
 /// Why the batch is still fixed after import, if it is.
 pub fn batch_fixed_by(model: &Model) -> Option<&str> {
-    metadata(model, BATCH_FIXED_BY_KEY)
-}
-
-fn metadata<'a>(model: &'a Model, key: &str) -> Option<&'a str> {
-    model.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    model.metadata_value(BATCH_FIXED_BY_KEY)
 }
 
 /// Makes a batch of 1 fixed in the file a symbolic axis where that is provably safe (see
@@ -91,9 +87,10 @@ fn walk(graph: &mut Graph, opset: i64, batch: &Dim, batched: &[String]) -> Resul
     let mut inf = infer::seeded(graph);
     // The first node that takes the batch in and puts none out: where it was lost.
     let mut lost_at: Option<usize> = None;
+    let mut taken = graph.value_names();
     for i in 0..graph.nodes.len() {
         if let Some(target) = reshape_target(&graph.nodes[i], &inf, batch)? {
-            let name = fresh_name(graph, &format!("{}_batch", graph.nodes[i].inputs[1]));
+            let name = fresh_name(&mut taken, &format!("{}_batch", graph.nodes[i].inputs[1]));
             inf.constants.insert(name.clone(), target.clone());
             graph.initializers.insert(name.clone(), target);
             graph.nodes[i].inputs[1] = name;
@@ -124,7 +121,7 @@ fn walk(graph: &mut Graph, opset: i64, batch: &Dim, batched: &[String]) -> Resul
             .all(|o| inf.types.get(o).and_then(|v| v.shape.as_ref()).is_some_and(|s| s.first() == Some(batch)));
     if kept {
         // Declared output shapes that the batch now runs through (one that started with
-        // the 1 is already the batch; another can hold a multiple of it).
+        // the 1 already says so; another may hold it on an axis a Transpose moved).
         for out in &mut graph.outputs {
             if let Some(shape) = inf.types.get(&out.name).and_then(|v| v.shape.as_ref())
                 && carries(Some(shape))
@@ -201,14 +198,4 @@ fn reshape_target(node: &Node, inf: &Inference, batch: &Dim) -> Result<Option<Te
     let mut rewritten: Vec<i64> = sizes.iter().map(|&v| v as i64).collect();
     rewritten[j] = -1;
     Ok(Some(Tensor::from_i64_as(target.dtype(), target.dims().to_vec(), &rewritten)?))
-}
-
-/// `base`, or `base` with a number, not yet a value name of `graph`.
-fn fresh_name(graph: &Graph, base: &str) -> String {
-    let taken = |n: &str| {
-        graph.initializers.contains_key(n)
-            || graph.inputs.iter().any(|v| v.name == n)
-            || graph.nodes.iter().any(|node| node.outputs.iter().any(|o| o == n))
-    };
-    (0..).map(|i| if i == 0 { base.to_string() } else { format!("{base}_{i}") }).find(|n| !taken(n)).expect("unbounded")
 }

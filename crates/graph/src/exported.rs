@@ -63,8 +63,7 @@ pub(crate) fn marked_folds(bytes: &[u8]) -> usize {
 /// How many BatchNorms the exporter folded into convolutions, and which exporter's way of
 /// doing it shows it; `None` when nothing shows a fold.
 pub fn folded_batch_norms(model: &Model) -> Option<(usize, &'static str)> {
-    let marked: usize =
-        model.metadata.iter().find(|(k, _)| k == FOLDED_BATCH_NORMS_KEY).and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let marked: usize = model.metadata_value(FOLDED_BATCH_NORMS_KEY).and_then(|v| v.parse().ok()).unwrap_or(0);
     if marked > 0 {
         return Some((marked, "dynamo"));
     }

@@ -223,6 +223,17 @@ pub struct GraphExtra {
 }
 
 impl Graph {
+    /// Every value name the graph defines: initializers, inputs and node outputs (what a
+    /// rewrite's new names must avoid, with [`fresh_name`]).
+    pub fn value_names(&self) -> HashSet<String> {
+        let mut names: HashSet<String> = self.initializers.keys().cloned().collect();
+        names.extend(self.inputs.iter().map(|v| v.name.clone()));
+        for node in &self.nodes {
+            names.extend(node.outputs.iter().cloned());
+        }
+        names
+    }
+
     /// The type information of a value, from graph inputs, outputs, value_info or initializers.
     pub fn value_type(&self, name: &str) -> Option<ValueInfo> {
         if let Some(t) = self.initializers.get(name) {
@@ -328,7 +339,24 @@ pub struct Model {
     pub training_info: Vec<tract_onnx::pb::TrainingInfoProto>,
 }
 
+/// `hint`, or `hint_<k>` for the first `k` that makes it new, recorded in `taken`.
+pub fn fresh_name(taken: &mut HashSet<String>, hint: &str) -> String {
+    let mut name = hint.to_string();
+    let mut k = 1;
+    while taken.contains(&name) {
+        name = format!("{hint}_{k}");
+        k += 1;
+    }
+    taken.insert(name.clone());
+    name
+}
+
 impl Model {
+    /// The value of a metadata property, if the model has it.
+    pub fn metadata_value(&self, key: &str) -> Option<&str> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
     /// The default-domain (`ai.onnx`) opset version.
     pub fn opset(&self) -> i64 {
         self.opset_imports.iter().find(|(d, _)| d.is_empty() || d == "ai.onnx").map(|(_, v)| *v).unwrap_or(0)

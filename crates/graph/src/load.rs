@@ -28,7 +28,7 @@ pub fn parse_model(bytes: &[u8], external_dir: Option<&Path>) -> Result<Model> {
     let mut model = model_from_proto(proto, external_dir)?;
     // Node metadata is not kept in the IR; what it says about folded BatchNorms is.
     let folds = crate::exported::marked_folds(bytes);
-    if folds > 0 && !model.metadata.iter().any(|(k, _)| k == crate::exported::FOLDED_BATCH_NORMS_KEY) {
+    if folds > 0 && model.metadata_value(crate::exported::FOLDED_BATCH_NORMS_KEY).is_none() {
         model.metadata.push((crate::exported::FOLDED_BATCH_NORMS_KEY.into(), folds.to_string()));
     }
     Ok(model)

@@ -6,7 +6,7 @@
 
 use crate::error::{GraphError, Result};
 use crate::infer::infer_prefix;
-use crate::ir::{Attribute, Graph, Model, Node};
+use crate::ir::{Attribute, Graph, Model, Node, fresh_name};
 use crate::ops::spec;
 use crate::sort::sort_topologically;
 use crate::tensor::Tensor;
@@ -93,17 +93,8 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
                 }
             }
         };
-        let mut taken = value_names(graph);
-        let mut fresh = |hint: String| {
-            let mut name = hint.clone();
-            let mut k = 1;
-            while taken.contains(&name) {
-                name = format!("{hint}_{k}");
-                k += 1;
-            }
-            taken.insert(name.clone());
-            name
-        };
+        let mut taken = graph.value_names();
+        let mut fresh = |hint: String| fresh_name(&mut taken, &hint);
         let parts: Vec<String> = (0..sizes.len()).map(|k| fresh(format!("{seq}.{k}"))).collect();
         let sizes_name = fresh(format!("{seq}.sizes"));
         let mut new_nodes = vec![
@@ -159,15 +150,6 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
         sort_topologically(&mut model.graph)?;
     }
     Ok(rewritten)
-}
-
-fn value_names(graph: &Graph) -> HashSet<String> {
-    let mut names: HashSet<String> = graph.initializers.keys().cloned().collect();
-    names.extend(graph.inputs.iter().map(|v| v.name.clone()));
-    for node in &graph.nodes {
-        names.extend(node.outputs.iter().cloned());
-    }
-    names
 }
 
 /// A constant's integers: an initializer, a `Constant` node (anywhere in the graph) or a

@@ -33,7 +33,7 @@ pub const SOURCE_OPSET_KEY: &str = "edgefreeze.source_opset";
 
 /// The opset a model was exported at, if the import upgraded it.
 pub fn source_opset(model: &Model) -> Option<i64> {
-    model.metadata.iter().find(|(k, _)| k == SOURCE_OPSET_KEY).and_then(|(_, v)| v.parse().ok())
+    model.metadata_value(SOURCE_OPSET_KEY).and_then(|v| v.parse().ok())
 }
 
 /// Rewrites the nodes of a model whose default-domain opset is 9 to 12 into their opset-13

@@ -10,7 +10,7 @@ use crate::observe::{Checkpoints, EpochEvent, Metrics, Observer, Plot, Progress,
 use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
 use crate::step::{StepRunner, StepScalars};
 use crate::tensors::scalar;
-use edgefreeze_autodiff::artifacts::{Manifest, files};
+use edgefreeze_autodiff::artifacts::{Manifest, Port, files};
 use edgefreeze_autodiff::training::{CORRECT, LOSS};
 use edgefreeze_data::named::{OpenOptions, Splits, open_with};
 use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
@@ -602,10 +602,8 @@ pub fn open_data(
 /// models, converted by tf2onnx, do), as they are otherwise; [`check_fit`] judges the rest.
 fn fit_layout(data: Splits, manifest: &Manifest) -> Splits {
     let Some(input) = manifest.data_inputs.first() else { return data };
-    let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
-    let fits = |shape: &[usize]| {
-        wanted.len() == shape.len() && wanted.iter().zip(shape).all(|(w, h)| w.is_none_or(|w| w as usize == *h))
-    };
+    let wanted = sample_dims(input);
+    let fits = |shape: &[usize]| takes(&wanted, shape);
     let have = data.train.sample_shape();
     let images = matches!(*data.train, Samples::Images { .. });
     if images && have.len() == 3 && !fits(&have) && fits(&[have[1], have[2], have[0]]) {
@@ -613,6 +611,16 @@ fn fit_layout(data: Splits, manifest: &Manifest) -> Splits {
     } else {
         data
     }
+}
+
+/// The sizes of one sample the model's data input takes (`None`: any), batch axis left out.
+fn sample_dims(input: &Port) -> Vec<Option<u64>> {
+    input.shape.iter().skip(1).map(|d| d.as_u64()).collect()
+}
+
+/// Whether a sample of shape `shape` fits the sizes `wanted` ([`sample_dims`]).
+fn takes(wanted: &[Option<u64>], shape: &[usize]) -> bool {
+    wanted.len() == shape.len() && wanted.iter().zip(shape).all(|(w, h)| w.is_none_or(|w| w as usize == *h))
 }
 
 /// Checks that samples have the shape the model's input takes and labels fit its classes.
@@ -631,9 +639,9 @@ pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
             input.name,
         )));
     }
-    let wanted: Vec<Option<u64>> = input.shape.iter().skip(1).map(|d| d.as_u64()).collect();
+    let wanted = sample_dims(input);
     let have = data.train.sample_shape();
-    let fits = wanted.len() == have.len() && wanted.iter().zip(&have).all(|(w, h)| w.is_none_or(|w| w as usize == *h));
+    let fits = takes(&wanted, &have);
     let shape_text = |dims: &[Option<u64>]| {
         dims.iter().map(|d| d.map_or("?".to_string(), |n| n.to_string())).collect::<Vec<_>>().join("×")
     };
