@@ -116,6 +116,62 @@ class EncoderClassifier(nn.Module):
         return self.head(h.mean(dim=1))
 
 
+# Hugging Face `transformers` sequence classifiers (random weights from a small config; the
+# hub is not reachable here and not needed): the models most people bring for text. Each
+# takes token ids only, as `model(input_ids=...)` does, so the model builds its own
+# attention mask and position ids. Sizes: hidden 16, 2 layers, 2 heads, vocabulary VOCAB.
+HUGGINGFACE = ["hf_bert", "hf_distilbert", "hf_roberta", "hf_albert", "hf_electra", "hf_gpt2", "hf_llama"]
+
+
+class TokensToLogits(nn.Module):
+    """`model(input_ids=tokens).logits`: one tensor in, one out, as the exporters want."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, tokens):
+        return self.m(input_ids=tokens).logits
+
+
+def huggingface(name: str) -> nn.Module:
+    import transformers as T
+
+    common = dict(vocab_size=VOCAB, num_labels=NUM_CLASSES)
+    # Dropout off in the config too: attention dropout is a float passed to the attention
+    # function, not an nn.Dropout that zero_stochastic would find.
+    bert_like = dict(hidden_size=D_MODEL, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                     intermediate_size=FF, max_position_embeddings=2 * SEQ, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, classifier_dropout=0.0, **common)
+    kind = name[len("hf_"):]
+    if kind == "bert":
+        return T.BertForSequenceClassification(T.BertConfig(**bert_like))
+    if kind == "roberta":
+        # RoBERTa's position ids start after its padding index (1): two more positions.
+        return T.RobertaForSequenceClassification(T.RobertaConfig(**{**bert_like, "max_position_embeddings": 2 * SEQ + 2}))
+    if kind == "electra":
+        return T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=D_MODEL // 2, **bert_like))
+    if kind == "albert":
+        return T.AlbertForSequenceClassification(T.AlbertConfig(embedding_size=D_MODEL // 2, **bert_like))
+    if kind == "distilbert":
+        return T.DistilBertForSequenceClassification(T.DistilBertConfig(
+            dim=D_MODEL, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF, max_position_embeddings=2 * SEQ,
+            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, **common))
+    if kind == "gpt2":
+        # The classifier reads the last token that is not padding (id 0).
+        return T.GPT2ForSequenceClassification(T.GPT2Config(
+            n_embd=D_MODEL, n_layer=LAYERS, n_head=HEADS, n_positions=2 * SEQ, pad_token_id=0, bos_token_id=1,
+            eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common))
+    if kind == "llama":
+        # Rotary position embeddings, RMSNorm, SiLU-gated MLP; as many key-value heads as
+        # heads (TorchScript cannot export grouped-query attention).
+        return T.LlamaForSequenceClassification(T.LlamaConfig(
+            hidden_size=D_MODEL, intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            num_key_value_heads=HEADS, max_position_embeddings=2 * SEQ, pad_token_id=0, bos_token_id=1,
+            eos_token_id=1, attention_dropout=0.0, **common))
+    raise KeyError(name)
+
+
 def squeezenet_mini():
     """SqueezeNet 1.1's layers (torchvision's Fire modules, ceil-mode pooling, Dropout, a
     convolutional classifier) at a quarter of the width, to keep a CI fixture small."""
@@ -174,6 +230,14 @@ FIXTURES = [
     ("tfenc_bf_pre_gelu", "ts", None),
     ("tfenc_bf_pre_gelu_mask", "dynamo", None),
     ("tfenc_sf_post_relu_mask", "ts", None),
+    # Hugging Face transformers: GatherElements (BERT's token types), CumSum (RoBERTa's
+    # position ids, int64 on tract), IsNaN and SplitToSequence (dynamo's attention and
+    # GPT-2's fused QKV), Trilu (GPT-2's causal mask), Sin and Cos (Llama's rotary embeddings).
+    ("hf_bert", "ts", None),
+    ("hf_roberta", "dynamo", None),
+    ("hf_gpt2", "ts", None),
+    ("hf_gpt2", "dynamo", None),
+    ("hf_llama", "dynamo", None),
 ]
 FIXTURE_SIDES = {name: side for name, _, side in FIXTURES if side}
 
@@ -187,6 +251,14 @@ def build(name: str, seed: int = DATA_SEED):
         rs = np.random.RandomState(seed)
         side = FIXTURE_SIDES[name]
         return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
+    if name.startswith("hf_"):
+        model = TokensToLogits(huggingface(name))
+        redraw_norms(model)
+        rs = np.random.RandomState(seed)
+        tokens = rs.randint(2, VOCAB, size=(BATCH, SEQ))
+        if name in ("hf_gpt2", "hf_llama"):
+            tokens[1:, -2:] = 0  # padded tails: the classifier reads the last real token
+        return model, torch.from_numpy(tokens.astype(np.int64))
     if name.startswith("tfenc_"):
         spec = next(t for t in TRANSFORMERS if t[0] == name)
         model = EncoderClassifier(*spec[1:])
@@ -1072,7 +1144,7 @@ def main():
             if wanted is None or name in wanted:
                 write_fixture(name, exporter, args.fixtures)
         return
-    names = [t[0] for t in TORCHVISION] + [t[0] for t in TRANSFORMERS]
+    names = [t[0] for t in TORCHVISION] + [t[0] for t in TRANSFORMERS] + HUGGINGFACE
     if args.models:
         names = [n for n in args.models.split(",") if n]
     if args.skip_big:

@@ -43,6 +43,15 @@ fn activations() {
 }
 
 #[test]
+fn sine_and_cosine() {
+    // Rotary position embeddings (Llama and its kin) take both of the same angles.
+    let mut rng = Rng::new(21);
+    let angles = |rng: &mut Rng| Input::Param(vec![2, 5], rng.values(10, -4.0, 4.0));
+    check(op("Sin"), vec![angles(&mut rng)], 17);
+    check(op("Cos"), vec![angles(&mut rng)], 17);
+}
+
+#[test]
 fn hard_sigmoid_and_hard_swish_on_every_piece() {
     // Points in each linear piece, away from the kinks at ±3 (HardSwish) and where
     // αx + β leaves [0, 1] (HardSigmoid).

@@ -92,6 +92,44 @@ fn gather_nd_scatters_back_with_repeated_tuples() {
 }
 
 #[test]
+fn gather_elements_scatters_back_with_repeated_and_negative_indices() {
+    let mut rng = Rng::new(18);
+    let gather = |axis: i64| op("GatherElements").with_attr("axis", Attribute::Int(axis));
+    // Indices smaller than the data on the other axis too, a position picked twice, and one
+    // counted from the end.
+    let rows = Input::Const(Tensor::from_i64(vec![2, 2], &[0, 2, 0, -1]).unwrap());
+    check(gather(0), vec![param(&mut rng, &[3, 3]), rows], 17);
+    let along_last = Input::Const(Tensor::from_i64(vec![2, 3, 2], &[1, 1, 0, 3, 2, 0, 3, 3, 1, 0, 2, 2]).unwrap());
+    check(gather(-1), vec![param(&mut rng, &[2, 3, 4]), along_last], 18);
+}
+
+#[test]
+fn cumulative_sums_in_every_direction() {
+    let mut rng = Rng::new(19);
+    for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let node = op("CumSum")
+            .with_attr("exclusive", Attribute::Int(exclusive))
+            .with_attr("reverse", Attribute::Int(reverse));
+        check(node.clone(), vec![param(&mut rng, &[3, 4]), ints(&[1])], 17);
+        // A scalar axis, counted from the end, as RoBERTa's position ids give it.
+        let axis = Input::Const(Tensor::from_i64(vec![], &[-2]).unwrap());
+        check(node, vec![param(&mut rng, &[3, 4, 2]), axis], 17);
+    }
+}
+
+#[test]
+fn triangles_upper_and_lower_with_offsets() {
+    let mut rng = Rng::new(20);
+    for upper in [0, 1] {
+        let node = op("Trilu").with_attr("upper", Attribute::Int(upper));
+        check(node.clone(), vec![param(&mut rng, &[2, 3, 4])], 17);
+        let k = |v: i64| Input::Const(Tensor::from_i64(vec![], &[v]).unwrap());
+        check(node.clone(), vec![param(&mut rng, &[4, 3]), k(1)], 17);
+        check(node, vec![param(&mut rng, &[4, 3]), k(-1)], 17);
+    }
+}
+
+#[test]
 fn constant_pad_with_axes_and_negative_pads() {
     let mut rng = Rng::new(17);
     check(op("Pad"), vec![param(&mut rng, &[2, 3, 4]), ints(&[0, 1, 2, 0, 0, 1])], 17);

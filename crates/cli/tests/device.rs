@@ -891,13 +891,7 @@ fn adapt_migrates_when_the_link_to_its_server_degrades() {
 /// training's. Spam-assassin's emails give the 8-token input.
 #[test]
 fn a_zoo_transformer_trains_split_over_an_edge_server_like_locally() {
-    use edgefreeze_data::named::{SPAM_ASSASSIN_PACKAGE, npm_package};
-    if npm_package(SPAM_ASSASSIN_PACKAGE, None).is_err() {
-        assert!(
-            !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
-            "EDGEFREEZE_REQUIRE_DATA is set but spam-assassin is missing"
-        );
-        eprintln!("skipping: npm install --prefix .data {SPAM_ASSASSIN_PACKAGE}");
+    if !common::spam_assassin_available() {
         return;
     }
     let zoo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo/tfenc_bf_pre_gelu.ts.onnx");

@@ -87,7 +87,8 @@ fn compile(model: &[u8], options: &EngineOptions) -> Result<Compiled, EngineErro
     // union), so the generic plan, which keeps the batch symbolic, is typed and
     // code-generated without them; the plans run in practice bind the batch first and
     // are fully optimised (`optimise_concrete`).
-    let typed = inference.into_typed().map_err(err)?;
+    let mut typed = inference.into_typed().map_err(err)?;
+    integer_cumulative_sums(&mut typed).map_err(err)?;
     let mut symbolic_dims = Vec::new();
     for (ix, outlet) in typed.input_outlets().map_err(err)?.iter().enumerate() {
         let fact = typed.outlet_fact(*outlet).map_err(err)?;
@@ -117,6 +118,35 @@ fn compile(model: &[u8], options: &EngineOptions) -> Result<Compiled, EngineErro
         compiled.plan_for(&TVec::new());
     }
     Ok(compiled)
+}
+
+/// tract reads an ONNX `Cast` to int64 as a cast to its symbolic-dimension type, so that
+/// shape arithmetic stays symbolic; its `CumSum` has kernels for numbers only, and fails
+/// at run time on such a value ("TDim is not a number"). RoBERTa's position ids, as dynamo
+/// exports them, are the cumulative sum of a mask cast to int64. Each such `CumSum` gets a
+/// cast to int64 before it and back after it: the same integers, summed by its kernel.
+fn integer_cumulative_sums(model: &mut TypedModel) -> TractResult<usize> {
+    use tract_onnx::tract_core::ops::array::CumSum;
+    use tract_onnx::tract_core::ops::cast::cast;
+    let mut changed = 0;
+    for id in model.eval_order()? {
+        let node = model.node(id);
+        let Some(op) = node.op_as::<CumSum>().cloned() else { continue };
+        let input = node.inputs[0];
+        if model.outlet_fact(input)?.datum_type != TDim::datum_type() {
+            continue;
+        }
+        let name = node.name.clone();
+        let mut patch = TypedModelPatch::default();
+        let tap = patch.tap_model(model, input)?;
+        let ints = patch.wire_node(format!("{name}.to_i64"), cast(i64::datum_type()), &[tap])?;
+        let sums = patch.wire_node(format!("{name}.i64"), op, &ints)?;
+        let out = patch.wire_node(format!("{name}.to_dim"), cast(TDim::datum_type()), &sums)?;
+        patch.shunt_outside(model, id.into(), out[0])?;
+        patch.apply(model)?;
+        changed += 1;
+    }
+    Ok(changed)
 }
 
 /// The model with its symbols bound, decluttered and code-generated. With every
@@ -224,11 +254,24 @@ impl Compiled {
         // n threads and the caller's make n + 1, and the pool's threads, spinning between
         // the parallel kernels, take the caller's core. With 2 threads on 2 cores every
         // model's step was slower than with 1 (docs/results.md).
-        match executor {
+        // tract panics on some bad input where it could have failed (a Gather index past
+        // its table: a token id the model's vocabulary does not have); a run is an error
+        // then, never the end of the process.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match executor {
             Executor::MultiThread(pool) => pool.install(step),
             _ => step(),
+        }));
+        match outcome {
+            Ok(result) => result.map_err(err),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                Err(EngineError::Tract(format!("tract failed during the run: {what}")))
+            }
         }
-        .map_err(err)
     }
 }
 

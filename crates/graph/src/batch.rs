@@ -97,7 +97,10 @@ fn walk(graph: &mut Graph, opset: i64, batch: &Dim, batched: &[String]) -> Resul
         }
         let node = &graph.nodes[i];
         if let Err(e) = infer::infer_node(node, &mut inf, opset) {
-            return Ok(Some(format!("node {:?} ({}): {e}", node.name, node.op_type)));
+            // Shape rules name their node already.
+            let named = format!("node {:?} ({})", node.name, node.op_type);
+            let text = e.to_string();
+            return Ok(Some(if text.contains(&named) { text } else { format!("{named}: {text}") }));
         }
         let takes = node.inputs.iter().any(|n| carries(inf.types.get(n).and_then(|v| v.shape.as_ref())));
         let float_outputs: Vec<_> = node

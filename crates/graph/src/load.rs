@@ -31,6 +31,13 @@ pub fn parse_model(bytes: &[u8], external_dir: Option<&Path>) -> Result<Model> {
     if folds > 0 && model.metadata_value(crate::exported::FOLDED_BATCH_NORMS_KEY).is_none() {
         model.metadata.push((crate::exported::FOLDED_BATCH_NORMS_KEY.into(), folds.to_string()));
     }
+    // What the exporter declared a buffer rather than a parameter (value metadata, not kept
+    // in the IR either); a file written by edgefreeze keeps the record of its own import.
+    let buffers = crate::exported::declared_buffers(bytes);
+    if !buffers.is_empty() {
+        model.metadata.retain(|(k, _)| k != crate::exported::EXPORTED_BUFFERS_KEY);
+        model.metadata.push((crate::exported::EXPORTED_BUFFERS_KEY.into(), buffers.join("\n")));
+    }
     Ok(model)
 }
 

@@ -383,3 +383,53 @@ fn torchscript_folded_batch_norms_are_told() {
     other.producer_name = "other".into();
     assert_eq!(edgefreeze_graph::exported::folded_batch_norms(&other), None);
 }
+
+#[test]
+fn buffers_dynamo_declares_are_constants_but_batch_norm_statistics() {
+    // Llama's rotary frequencies: a float initializer that dynamo marks as a module buffer
+    // (value metadata); PyTorch never trains it, and neither may the import's parameters.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/zoo/hf_llama.dynamo.onnx");
+    let m = edgefreeze_graph::import(&path).unwrap();
+    let name = "m.model.rotary_emb.inv_freq";
+    assert_eq!(edgefreeze_graph::exported::exported_buffers(&m), vec![name]);
+    assert!(!m.graph.initializers.contains_key(name));
+    // (A constant now, which the import's folding may carry into what reads it.)
+    assert!(m.graph.initializer_inputs.iter().all(|v| v.name != name));
+    let params = edgefreeze_graph::analysis::parameter_names(&m.graph);
+    assert_eq!(params.len(), 21, "PyTorch's named_parameters: {params:?}");
+    let notes = edgefreeze_graph::exported::notes(&m);
+    assert!(notes.iter().any(|n| n.contains(name) && n.contains("not trained")), "{notes:?}");
+
+    // Declared buffers that are BatchNorm running statistics stay the state it updates.
+    let nodes = vec![Node::new("bn", "BatchNormalization", &["x", "scale", "shift", "mean", "var"], &["y"])];
+    let mut bn = model(17, vec![input("x", "batch 2 3 3")], nodes, &["y"]);
+    for w in ["scale", "shift", "mean", "var"] {
+        weight(&mut bn, w, &[2]);
+    }
+    bn.metadata.push((edgefreeze_graph::exported::EXPORTED_BUFFERS_KEY.into(), "mean\nvar\nshift".into()));
+    let bn = prepare(bn).unwrap();
+    assert!(bn.graph.initializers.contains_key("mean") && bn.graph.initializers.contains_key("var"));
+    assert!(!bn.graph.initializers.contains_key("shift"), "a buffer that is not a statistic is a constant");
+    assert_eq!(edgefreeze_graph::analysis::parameter_names(&bn.graph), vec!["scale".to_string()]);
+}
+
+#[test]
+fn a_gather_of_batch_indices_from_batchless_data_keeps_the_batch_fixed() {
+    // RoBERTa through TorchScript at batch 1: the token-type buffer, expanded to the
+    // constant [1, 4], gathered at indices that carry the batch. Off the gathered axis the
+    // indices may not outgrow the data, so the batch stays 1, naming the node.
+    let nodes = vec![
+        Node::new("idx", "Cast", &["x"], &["i"]).with_attr("to", Attribute::Int(7)),
+        ints("four", &[1, 4]),
+        Node::new("types", "Expand", &["buffer", "four"], &["t"]),
+        Node::new("pick", "GatherElements", &["t", "i"], &["y"]).with_attr("axis", Attribute::Int(1)),
+    ];
+    let mut m = model(18, vec![input("x", "1 4")], nodes, &["y"]);
+    m.graph.outputs[0] = input("y", "1 4");
+    weight(&mut m, "buffer", &[1, 4]);
+    let m = prepare(m).unwrap();
+    assert_eq!(shape_of(&m, "x"), "1×4");
+    let why = edgefreeze_graph::batch::batch_fixed_by(&m).expect("a reason");
+    assert!(why.contains("\"pick\"") && why.contains("do not fit"), "{why}");
+    assert_eq!(why.matches("\"pick\"").count(), 1, "the node is named once: {why}");
+}

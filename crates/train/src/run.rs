@@ -119,13 +119,25 @@ impl ModelSource {
 }
 
 /// The rows of the embedding table that token input `input` indexes (a `Gather` of an
-/// initializer by it): the vocabulary size the model was built for.
+/// initializer by it, or by the tokens reshaped or cast first, as GPT-2's
+/// `input_ids.view(-1, length)` does): the vocabulary size the model was built for.
 pub(crate) fn embedding_rows(model: &edgefreeze_graph::Model, input: &str) -> Option<usize> {
-    model
-        .graph
-        .nodes
+    const SAME_TOKENS: [&str; 6] = ["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast"];
+    let nodes = &model.graph.nodes;
+    let mut tokens: Vec<&str> = vec![input];
+    let mut k = 0;
+    while k < tokens.len() {
+        let value = tokens[k];
+        for n in nodes.iter().filter(|n| n.inputs.first().is_some_and(|i| i == value)) {
+            if SAME_TOKENS.contains(&n.op_type.as_str()) && !tokens.contains(&n.outputs[0].as_str()) {
+                tokens.push(&n.outputs[0]);
+            }
+        }
+        k += 1;
+    }
+    nodes
         .iter()
-        .filter(|n| n.op_type == "Gather" && n.inputs.get(1).is_some_and(|i| i == input))
+        .filter(|n| n.op_type == "Gather" && n.inputs.get(1).is_some_and(|i| tokens.contains(&i.as_str())))
         .find_map(|n| model.graph.initializers.get(&n.inputs[0]).and_then(|t| t.dims().first().copied()))
 }
 

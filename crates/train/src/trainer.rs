@@ -568,8 +568,18 @@ fn data_input(manifest: &Manifest) -> Result<String> {
     match manifest.data_inputs.as_slice() {
         [one] => Ok(one.name.clone()),
         many => Err(TrainError::Config(format!(
-            "the model has {} data inputs; edgefreeze train feeds exactly one",
-            many.len()
+            "the model has {} data inputs ({}); edgefreeze train feeds exactly one{}",
+            many.len(),
+            many.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+            // Hugging Face exports often add the mask (and token types) the model would
+            // otherwise build itself from the token ids.
+            if many.iter().any(|p| p.name.contains("attention_mask") || p.name.contains("token_type_ids")) {
+                ": export a Hugging Face model with its token ids alone (wrap it so that forward(input_ids) \
+                 returns model(input_ids=input_ids).logits); it then builds its own mask, which lets it attend \
+                 to the padding too"
+            } else {
+                ""
+            }
         ))),
     }
 }

@@ -172,6 +172,27 @@ pub(super) fn exp(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
+/// d sin(x) = cos(x) dx (rotary position embeddings: Llama and its kin).
+pub(super) fn sin(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let cos = cx.e.op("Cos", &[&x], vec![]);
+    g[0] = Some(cx.e.mul(&dy, &cos));
+    Ok(g)
+}
+
+/// d cos(x) = −sin(x) dx.
+pub(super) fn cos(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let dy = cx.dy()?;
+    let mut g = cx.none();
+    let x = cx.x(0).to_string();
+    let sin = cx.e.op("Sin", &[&x], vec![]);
+    let t = cx.e.mul(&dy, &sin);
+    g[0] = Some(cx.e.neg(&t));
+    Ok(g)
+}
+
 pub(super) fn log(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let mut g = cx.none();

@@ -4,7 +4,7 @@
 use super::{InputGrads, RuleCx};
 use crate::error::Result;
 use edgefreeze_graph::DataType;
-use edgefreeze_graph::ir::Attribute;
+use edgefreeze_graph::ir::{Attribute, Dim};
 
 pub(super) fn reshape(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let x = cx.x(0).to_string();
@@ -138,6 +138,61 @@ pub(super) fn gather(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     let dy = cx.dy()?;
     g[0] = Some(gather_grad(cx, &x, &dy)?);
+    Ok(g)
+}
+
+/// `GatherElements`: dY added into zeros shaped like the data at the gathered positions
+/// (`ScatterElements` with `reduction="add"`, opset 16 on, so that a position gathered
+/// twice gets both contributions).
+pub(super) fn gather_elements(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    if !cx.need(0) {
+        return Ok(g);
+    }
+    if cx.e.opset < 16 {
+        return Err(cx.err("the gradient of GatherElements needs opset 16 or later (ScatterElements with reduction)"));
+    }
+    let dy = cx.dy()?;
+    let (data, indices) = (cx.x(0).to_string(), cx.x(1).to_string());
+    let rank = cx.shape(&data)?.len();
+    let axis = cx.node.attr_int("axis", 0)?;
+    // Only the data's own shape says the zeros' size: the indices may be smaller on any axis.
+    let zeros = zeros_shaped(cx, &data, &(0..rank).collect::<Vec<_>>(), &dy, &vec![None; rank])?;
+    g[0] = Some(cx.e.op(
+        "ScatterElements",
+        &[&zeros, &indices, &dy],
+        vec![("axis", Attribute::Int(axis)), ("reduction", Attribute::String(b"add".to_vec()))],
+    ));
+    Ok(g)
+}
+
+/// `CumSum`: each input element reaches the outputs after it (before it, reversed), so dX is
+/// the cumulative sum of dY in the other direction, with the same exclusiveness.
+pub(super) fn cum_sum(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let axis = cx.x(1).to_string();
+    let reverse = cx.node.attr_int("reverse", 0)? != 0;
+    let exclusive = cx.node.attr_int("exclusive", 0)?;
+    g[0] = Some(cx.e.op(
+        "CumSum",
+        &[&dy, &axis],
+        vec![("exclusive", Attribute::Int(exclusive)), ("reverse", Attribute::Int(i64::from(!reverse)))],
+    ));
+    Ok(g)
+}
+
+/// `Trilu` keeps a triangle and zeroes the rest: dX is dY's same triangle.
+pub(super) fn trilu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let upper = cx.node.attr_int("upper", 1)?;
+    let mut inputs = vec![dy.as_str()];
+    let k = cx.x(1).to_string();
+    if !k.is_empty() {
+        inputs.push(&k);
+    }
+    g[0] = Some(cx.e.op("Trilu", &inputs, vec![("upper", Attribute::Int(upper))]));
     Ok(g)
 }
 
@@ -298,6 +353,18 @@ fn zeros_shaped(
     dy_axes: &[Option<usize>],
 ) -> Result<String> {
     let shape = cx.shape(like)?;
+    // A symbolic size dY has too (the batch, by name, on any of its axes: dY is shaped like
+    // the forward output) is read off dY rather than `like`, which would keep `like` alive
+    // until the backward runs for its shape alone.
+    let out_shape = cx.shape(cx.y(0)).unwrap_or_default();
+    let dy_axes: Vec<Option<usize>> = (0..shape.len())
+        .map(|a| {
+            dy_axes.get(a).copied().flatten().or_else(|| match &shape[a] {
+                d @ Dim::Symbol(_) => out_shape.iter().position(|o| o == d),
+                _ => None,
+            })
+        })
+        .collect();
     let size = match shape.iter().map(|d| d.fixed()).collect::<Option<Vec<usize>>>() {
         Some(dims) => cx.e.ints(&perm.iter().map(|&a| dims[a] as i64).collect::<Vec<_>>()),
         None => {

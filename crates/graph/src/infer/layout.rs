@@ -154,6 +154,66 @@ pub(crate) fn gather(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(dtype, out)])
 }
 
+/// `GatherElements`: data's element type in the indices' shape, of the data's rank.
+pub(crate) fn gather_elements(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, data) = cx.input(0)?;
+    let (index_type, indices) = cx.input(1)?;
+    if !matches!(index_type, DataType::Int32 | DataType::Int64) {
+        return Err(cx.err(format!("indices must be int32 or int64, got {index_type}")));
+    }
+    if indices.len() != data.len() {
+        return Err(cx.err(format!(
+            "indices {} and data {} must have the same rank",
+            format_shape(&indices),
+            format_shape(&data)
+        )));
+    }
+    let axis = cx.axis(cx.node.attr_int("axis", 0)?, data.len())?;
+    // Off the gathered axis an index tensor may not be larger than the data (engines
+    // refuse it at run time): a known size must fit, and a symbolic one (the batch) cannot
+    // be known to fit a fixed size.
+    for (a, (i, d)) in indices.iter().zip(&data).enumerate() {
+        let fits = match (i, d) {
+            (_, Dim::Unknown) | (Dim::Unknown, _) => true,
+            (Dim::Fixed(i), Dim::Fixed(d)) => i <= d,
+            (Dim::Symbol(_), Dim::Fixed(_)) => false,
+            (Dim::Fixed(_), Dim::Symbol(_)) => true,
+            (Dim::Symbol(i), Dim::Symbol(d)) => i == d,
+        };
+        if a != axis && !fits {
+            return Err(cx.err(format!(
+                "indices {} do not fit data {} on axis {a}",
+                format_shape(&indices),
+                format_shape(&data)
+            )));
+        }
+    }
+    Ok(vec![(dtype, indices)])
+}
+
+/// `CumSum`: the input's type and shape, along a valid axis (input 1, a scalar).
+pub(crate) fn cum_sum(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    if let Some(axis) = cx.const_ints(1)? {
+        match axis.as_slice() {
+            [a] => {
+                cx.axis(*a, x.len())?;
+            }
+            _ => return Err(cx.err(format!("the axis must be one integer, got {axis:?}"))),
+        }
+    }
+    Ok(vec![(dtype, x)])
+}
+
+/// `Trilu`: the input's type and shape, of rank 2 or more (input 1, `k`, a scalar).
+pub(crate) fn trilu(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    if x.len() < 2 {
+        return Err(cx.err(format!("Trilu takes a matrix or a stack of them, got {}", format_shape(&x))));
+    }
+    Ok(vec![(dtype, x)])
+}
+
 pub(crate) fn gather_nd(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, data) = cx.input(0)?;
     let (index_type, indices) = cx.input(1)?;
