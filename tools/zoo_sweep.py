@@ -172,6 +172,32 @@ def huggingface(name: str) -> nn.Module:
     raise KeyError(name)
 
 
+# timm (pytorch-image-models) architectures that torchvision does not have, random
+# weights, 10 classes: (name, input side). CNNs at 64; models whose patch grid or windows
+# fix the input at the side timm accepts smallest.
+TIMM = [
+    ("resnet18d", 64), ("resnest14d", 64), ("skresnet18", 64), ("res2net50_14w_8s", 64), ("dla34", 64),
+    ("cspdarknet53", 64), ("dpn68", 64), ("repvgg_a0", 64), ("regnetx_002", 64), ("rexnet_100", 64),
+    ("mixnet_s", 64), ("lcnet_050", 64), ("tinynet_e", 64), ("ghostnet_100", 64), ("mobilenetv4_conv_small", 64),
+    ("hrnet_w18_small", 64), ("nf_resnet26", 64), ("hgnetv2_b0", 64), ("convnext_atto", 64),
+    ("inception_next_atto", 64), ("edgenext_xx_small", 64), ("poolformer_s12", 64), ("mobilevit_xxs", 64),
+    ("mobilevitv2_050", 64), ("fastvit_t8", 64), ("efficientvit_b0", 64), ("starnet_s1", 64),
+    ("vit_tiny_patch16_224", 64), ("deit_tiny_patch16_224", 64), ("levit_128s", 224), ("pvt_v2_b0", 64),
+    ("xcit_nano_12_p16_224", 64), ("tiny_vit_5m_224", 224), ("mambaout_femto", 64),
+]
+
+
+def timm_model(name: str, side: int) -> nn.Module:
+    import timm
+
+    for kwargs in ({"img_size": side}, {}):
+        try:
+            return timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, **kwargs)
+        except TypeError:
+            continue
+    raise RuntimeError(f"timm cannot build {name}")
+
+
 def squeezenet_mini():
     """SqueezeNet 1.1's layers (torchvision's Fire modules, ceil-mode pooling, Dropout, a
     convolutional classifier) at a quarter of the width, to keep a CI fixture small."""
@@ -250,6 +276,12 @@ def build(name: str, seed: int = DATA_SEED):
         redraw_norms(model)
         rs = np.random.RandomState(seed)
         side = FIXTURE_SIDES[name]
+        return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
+    if name.startswith("timm_"):
+        side = SIDE or dict(TIMM)[name[len("timm_"):]]
+        model = timm_model(name[len("timm_"):], side)
+        redraw_norms(model)
+        rs = np.random.RandomState(seed)
         return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
     if name.startswith("hf_"):
         model = TokensToLogits(huggingface(name))
@@ -1163,8 +1195,8 @@ def main():
                 row = {"model": name, "exporter": exporter,
                        "export": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
                 traceback.print_exc()
-            row["input"] = (SIDE if SIDE and name in dict(TORCHVISION) else None) or dict(TORCHVISION).get(
-                name, f"{SEQ} tokens")
+            sides = dict(TORCHVISION) | {f"timm_{n}": v for n, v in TIMM}
+            row["input"] = (SIDE if SIDE and name in sides else None) or sides.get(name, f"{SEQ} tokens")
             row["sweep_s"] = time.time() - t0
             rows.append(row)
             print(json.dumps(row), flush=True)

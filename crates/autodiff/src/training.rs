@@ -280,7 +280,16 @@ pub fn differentiate(
         grads,
         loss,
         correct,
-        running_updates: forward.running_updates,
+        // Statistics the model holds as initializers are state the step updates. A
+        // BatchNormalization whose statistics are computed in the graph has none: timm's
+        // weight standardisation (NF-ResNets) normalises each weight with
+        // `F.batch_norm(w, None, None, training=True)`, which TorchScript exports with
+        // statistics computed from the weight itself.
+        running_updates: forward
+            .running_updates
+            .into_iter()
+            .filter(|(statistic, _)| graph.initializers.contains_key(statistic))
+            .collect(),
         extra_inputs,
         emitter: e,
     })

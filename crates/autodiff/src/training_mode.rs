@@ -62,6 +62,7 @@ pub fn rewrite_for_training(
                 composites.push(batch_norm(node, types, emitter, &mut running_updates)?);
             }
             "LayerNormalization" => composites.extend(layer_norm(node, types, emitter)?),
+            "InstanceNormalization" => instance_norm(node, types, emitter)?,
             "Dropout" => {
                 uses_dropout_seed |= dropout(node, types, emitter)?;
             }
@@ -270,6 +271,25 @@ fn layer_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<Option<
             leading: (0..axis).collect(),
         }),
     }))
+}
+
+/// Emits an InstanceNormalization in primitive ops: each sample's channel normalised over
+/// its spatial axes, then scaled and shifted per channel. The same in training and
+/// inference (no running statistics); its backward is the primitive ops' rules.
+fn instance_norm(node: &Node, types: &Inference, e: &mut Emitter) -> Result<()> {
+    let x = node.input(0).unwrap_or_default().to_string();
+    let rank = rank_of(node, types, &x)?;
+    if rank < 3 {
+        return Err(AutodiffError::node(node, "InstanceNormalization input must be N×C×D1×..."));
+    }
+    let axes: Vec<i64> = (2..rank as i64).collect();
+    let (normalized, _, _, _) = normalize(e, &x, &axes, node.attr_float("epsilon", 1e-5)? as f64);
+    let scale = e.unsqueeze(node.input(1).unwrap_or_default(), &axes.iter().map(|a| a - 1).collect::<Vec<_>>());
+    let bias = e.unsqueeze(node.input(2).unwrap_or_default(), &axes.iter().map(|a| a - 1).collect::<Vec<_>>());
+    let scaled = e.mul(&normalized, &scale);
+    let y = node.output(0).ok_or_else(|| AutodiffError::node(node, "output 0 is missing"))?;
+    e.op_into("Add", &[&scaled, &bias], &[y], vec![]);
+    Ok(())
 }
 
 /// GELUs spelled out with `Erf`, x·½·(1 + erf(x/√2)), as the reverse pass's composites

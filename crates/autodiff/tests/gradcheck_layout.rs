@@ -337,3 +337,180 @@ fn gather_before_opset_16_with_an_unknown_trailing_size() {
     let x: Feed = ("x".into(), vec![3, 6], rng.values(18, -1.0, 1.0));
     check_with_an_unknown_size("Gather", graph, 13, ("stack", 1), x);
 }
+
+#[test]
+fn batch_normalization_of_a_weight_with_statistics_computed_in_the_graph() {
+    // timm's weight standardisation (NF-ResNets): F.batch_norm(w.reshape(1, out, -1), None,
+    // None, training=True), which TorchScript exports as a training-mode
+    // BatchNormalization whose "running" statistics are values computed in the graph, not
+    // initializers. Its gradient is the batch statistics' one, and the training step has
+    // no statistic to update (it had panicked looking for one among the initializers).
+    let mut rng = Rng::new(22);
+    let bn = Node::new("BatchNormalization", "BatchNormalization", &["w", "gain", "shift", "mean", "var"], &["out0"])
+        .with_attr("training_mode", Attribute::Int(1))
+        .with_attr("momentum", Attribute::Float(1.0));
+    let stats = |v: f64| Input::Const(Tensor::from_f64_as(DataType::Float64, vec![4], &[v; 4]).unwrap());
+    let inputs =
+        |rng: &mut Rng| vec![param(rng, &[1, 4, 3]), param(rng, &[4]), param(rng, &[4]), stats(0.0), stats(1.0)];
+    check(bn.clone(), inputs(&mut rng), 17);
+    let (model, _) = projected_model(bn, inputs(&mut rng), 17, &mut Rng::new(5));
+    let spec = edgefreeze_autodiff::TrainingSpec {
+        loss: edgefreeze_autodiff::Loss::Output,
+        optimizer: edgefreeze_autodiff::Optimizer::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 },
+        frozen: vec![],
+    };
+    let step = edgefreeze_autodiff::training_step_graph(&model, &spec).unwrap();
+    let names: Vec<&str> = step.graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    assert!(names.iter().all(|n| !n.starts_with("in3") && !n.starts_with("in4")), "{names:?}");
+}
+
+#[test]
+fn instance_normalization_as_group_norm_exports_it() {
+    // GroupNorm, as both PyTorch exporters write it: InstanceNormalization of the input
+    // reshaped to [N, groups, -1] (here 2 groups of a 3×2×2 sample), scale and bias per
+    // group; and a plain one over two spatial axes.
+    let mut rng = Rng::new(23);
+    let node = || op("InstanceNormalization").with_attr("epsilon", Attribute::Float(1e-5));
+    check(node(), vec![param(&mut rng, &[2, 2, 6]), param(&mut rng, &[2]), param(&mut rng, &[2])], 17);
+    check(node(), vec![param(&mut rng, &[2, 3, 2, 2]), param(&mut rng, &[3]), param(&mut rng, &[3])], 17);
+}
+
+#[test]
+fn l2_norms_over_axes_with_a_zero_row() {
+    // F.normalize's norm: over the last axis, kept (x / max(‖x‖, ε)); the gradient of a
+    // norm that is 0 is 0, as PyTorch's, not 0 · ∞.
+    let mut rng = Rng::new(24);
+    let l2 = || op("ReduceL2");
+    check(l2(), vec![param_away_from_zero(&mut rng, &[3, 4]), ints(&[-1])], 18);
+    check(
+        l2().with_attr("keepdims", Attribute::Int(0)),
+        vec![param_away_from_zero(&mut rng, &[2, 3, 2]), ints(&[0, 2])],
+        18,
+    );
+    check(l2().with_attr("axes", Attribute::Ints(vec![1])), vec![param_away_from_zero(&mut rng, &[2, 5])], 17);
+    let zero_row = Input::Param(vec![2, 3], vec![0.0, 0.0, 0.0, 0.3, -0.4, 1.2]);
+    let model = projected_model(l2().with_attr("axes", Attribute::Ints(vec![1])), vec![zero_row], 17, &mut rng).0;
+    let grad = edgefreeze_autodiff::gradient_graph(&model, &edgefreeze_autodiff::Loss::Output, &[]).unwrap();
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let mut s = edgefreeze_engine::load(
+        &edgefreeze_engine::EngineKind::Ort(edgefreeze_engine::Provider::Cpu),
+        &bytes,
+        &Default::default(),
+    )
+    .unwrap();
+    let x = edgefreeze_engine::Value::F64(
+        ndarray::ArrayD::from_shape_vec(vec![2, 3], vec![0.0, 0.0, 0.0, 0.3, -0.4, 1.2]).unwrap(),
+    );
+    let out = s.run(&[("in0", &x)]).unwrap();
+    let names = s.output_names().to_vec();
+    let g = out[names.iter().position(|n| n == "grad.in0").unwrap()].as_f64().unwrap().clone();
+    assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
+    assert!(g.iter().take(3).all(|&v| v == 0.0), "{g:?}");
+}
+
+#[test]
+fn tiles_summed_back_over_their_copies() {
+    // XCiT's positional encoding repeats a [1, C, H, W] map over the batch.
+    let mut rng = Rng::new(25);
+    check(op("Tile"), vec![param(&mut rng, &[2, 3]), ints(&[3, 2])], 17);
+    check(op("Tile"), vec![param(&mut rng, &[1, 2, 2, 3]), ints(&[4, 1, 2, 1])], 17);
+    check(op("Tile"), vec![param(&mut rng, &[2, 3]), ints(&[1, 1])], 17);
+}
+
+#[test]
+fn slices_of_an_axis_of_unknown_size_scatter_back_at_run_time() {
+    // An axis shape inference cannot size (here a reshape to another input's run-time
+    // shape; XCiT's class-attention tokens, MobileViT's patches): the gradient of
+    // ½·Σ slice(w)² is w inside the window and 0 outside, for bounds from either end.
+    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    let w: Vec<f64> = (0..10).map(|i| i as f64 * 0.5 - 2.0).collect();
+    for (start, end) in [(1, i64::MAX), (0, 2), (-2, i64::MAX), (-3, -1), (2, 100), (4, 2)] {
+        let mut graph = Graph { name: "slice_unknown".into(), ..Default::default() };
+        graph.initializers.insert("w".into(), Tensor::from_f64_as(DataType::Float64, vec![2, 5], &w).unwrap());
+        graph.inputs.push(ValueInfo::new("like", DataType::Float64, vec![Dim::Fixed(2), Dim::Symbol("n".into())]));
+        let bound = |name: &str, v: i64| {
+            Node::new(name, "Constant", &[], &[name])
+                .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![1], &[v]).unwrap()))
+        };
+        graph.nodes = vec![
+            Node::new("shape", "Shape", &["like"], &["target"]),
+            Node::new("reshape", "Reshape", &["w", "target"], &["r"]),
+            bound("starts", start),
+            bound("ends", end),
+            bound("axes", 1),
+            Node::new("slice", "Slice", &["r", "starts", "ends", "axes"], &["s"]),
+            Node::new("square", "Mul", &["s", "s"], &["sq"]),
+            Node::new("sum", "ReduceSum", &["sq"], &["total"]).with_attr("keepdims", Attribute::Int(0)),
+            Node::new("half", "Constant", &[], &["half"])
+                .with_attr("value", Attribute::Tensor(Tensor::from_f64_as(DataType::Float64, vec![], &[0.5]).unwrap())),
+            Node::new("loss", "Mul", &["total", "half"], &["out"]),
+        ];
+        graph.outputs.push(ValueInfo { name: "out".into(), dtype: None, shape: None, doc_string: String::new() });
+        let model = edgefreeze_graph::prepare(Model {
+            ir_version: 8,
+            opset_imports: vec![(String::new(), 17)],
+            graph,
+            ..Default::default()
+        })
+        .unwrap();
+        let g = gradient_of_w(&model, "like", &[2, 5], &[2, 5], &w);
+        let clamp = |b: i64| if b < 0 { (b + 5).max(0) } else { b.min(5) };
+        let (lo, hi) = (clamp(start), clamp(end));
+        let expected: Vec<f64> =
+            (0..10).map(|i| if (lo..hi).contains(&((i % 5) as i64)) { w[i] } else { 0.0 }).collect();
+        assert_eq!(g.iter().copied().collect::<Vec<_>>(), expected, "[{start}:{end}]");
+    }
+}
+
+#[test]
+fn a_tile_over_the_batch_sums_its_copies_back() {
+    // XCiT's positional map, `pos.repeat(B, 1)`: the count is the run-time batch, and the
+    // gradient of ½·Σ tile(w)² is B·w.
+    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    let w = [0.5, -1.0, 2.0];
+    let mut graph = Graph { name: "tile_batch".into(), ..Default::default() };
+    graph.initializers.insert("w".into(), Tensor::from_f64_as(DataType::Float64, vec![1, 3], &w).unwrap());
+    graph.inputs.push(ValueInfo::new("x", DataType::Float64, vec![Dim::Symbol("batch".into()), Dim::Fixed(3)]));
+    let ints = |name: &str, v: &[i64]| {
+        Node::new(name, "Constant", &[], &[name])
+            .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![v.len()], v).unwrap()))
+    };
+    graph.nodes = vec![
+        Node::new("shape", "Shape", &["x"], &["xs"]).with_attr("end", Attribute::Int(1)),
+        ints("one", &[1]),
+        Node::new("counts", "Concat", &["xs", "one"], &["repeats"]).with_attr("axis", Attribute::Int(0)),
+        Node::new("tile", "Tile", &["w", "repeats"], &["t"]),
+        Node::new("square", "Mul", &["t", "t"], &["sq"]),
+        Node::new("sum", "ReduceSum", &["sq"], &["total"]).with_attr("keepdims", Attribute::Int(0)),
+        Node::new("half", "Constant", &[], &["half"])
+            .with_attr("value", Attribute::Tensor(Tensor::from_f64_as(DataType::Float64, vec![], &[0.5]).unwrap())),
+        Node::new("loss", "Mul", &["total", "half"], &["out"]),
+    ];
+    graph.outputs.push(ValueInfo { name: "out".into(), dtype: None, shape: None, doc_string: String::new() });
+    let model = Model { ir_version: 8, opset_imports: vec![(String::new(), 17)], graph, ..Default::default() };
+    let model = edgefreeze_graph::prepare(model).unwrap();
+    let g = gradient_of_w(&model, "x", &[4, 3], &[1, 3], &w);
+    assert_eq!(g.iter().copied().collect::<Vec<_>>(), vec![2.0, -4.0, 8.0]);
+}
+
+/// `grad.w` of `model`'s gradient graph on ONNX Runtime in float64, with parameter `w` at
+/// `w_dims` and the data input `input`, zeros at `input_dims` (it sets run-time sizes only).
+fn gradient_of_w(
+    model: &edgefreeze_graph::ir::Model,
+    input: &str,
+    input_dims: &[usize],
+    w_dims: &[usize],
+    w: &[f64],
+) -> ndarray::ArrayD<f64> {
+    use edgefreeze_engine::{EngineKind, Provider, Value};
+    let grad = edgefreeze_autodiff::gradient_graph(model, &edgefreeze_autodiff::Loss::Output, &[]).unwrap();
+    let bytes = edgefreeze_graph::save::encode_model(&grad);
+    let mut s = edgefreeze_engine::load(&EngineKind::Ort(Provider::Cpu), &bytes, &Default::default()).unwrap();
+    let data = Value::F64(ndarray::ArrayD::zeros(input_dims.to_vec()));
+    let wv = Value::F64(ndarray::ArrayD::from_shape_vec(w_dims.to_vec(), w.to_vec()).unwrap());
+    let names: Vec<String> = s.input_names().to_vec();
+    let feeds: Vec<(&str, &Value)> = names.iter().map(|n| (n.as_str(), if n == input { &data } else { &wv })).collect();
+    let out = s.run(&feeds).unwrap();
+    let outputs = s.output_names().to_vec();
+    out[outputs.iter().position(|n| n == "grad.w").unwrap()].as_f64().unwrap().clone()
+}

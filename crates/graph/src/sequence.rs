@@ -59,12 +59,16 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
             return Err(GraphError::node(&node, format!("axis {axis} is out of range for rank {rank}")));
         }
         let axis = if axis < 0 { axis + rank } else { axis };
-        let size = shape[axis as usize].fixed().ok_or_else(|| {
-            GraphError::node(&node, format!("the split axis {axis} of {x:?} must have a size known at load time"))
-        })? as i64;
+        // The axis's size is needed to count equal chunks; a list of sizes gives them.
+        let known = shape[axis as usize].fixed().map(|n| n as i64);
+        let size = || {
+            known.ok_or_else(|| {
+                GraphError::node(&node, format!("the split axis {axis} of {x:?} must have a size known at load time"))
+            })
+        };
         let keepdims = node.attr_int("keepdims", 1)? != 0;
         let (sizes, squeeze) = match node.input(1) {
-            None => (vec![1; size as usize], !keepdims),
+            None => (vec![1; size()? as usize], !keepdims),
             Some(name) => {
                 let split = constant_ints(graph, &inference.constants, name).ok_or_else(|| {
                     GraphError::node(&node, format!("split {name:?} must be a constant known at load time"))
@@ -75,6 +79,7 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
                         if *chunk <= 0 {
                             return Err(GraphError::node(&node, format!("split size {chunk} is not positive")));
                         }
+                        let size = size()?;
                         let mut sizes = vec![*chunk; (size / chunk) as usize];
                         if size % chunk != 0 {
                             sizes.push(size % chunk);
@@ -82,10 +87,14 @@ pub fn rewrite_sequences(model: &mut Model) -> Result<usize> {
                         (sizes, false)
                     }
                     sizes => {
-                        if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != size {
+                        let adds_up = known.is_none_or(|size| sizes.iter().sum::<i64>() == size);
+                        if sizes.iter().any(|&s| s < 0) || !adds_up {
                             return Err(GraphError::node(
                                 &node,
-                                format!("split sizes {sizes:?} do not add up to axis {axis}'s size {size}"),
+                                format!(
+                                    "split sizes {sizes:?} do not add up to axis {axis}'s size {}",
+                                    known.unwrap_or_default()
+                                ),
                             ));
                         }
                         (sizes.to_vec(), false)

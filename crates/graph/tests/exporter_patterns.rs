@@ -132,6 +132,25 @@ fn torch_chunk_sequences_become_a_split() {
 }
 
 #[test]
+fn a_split_into_listed_sizes_needs_no_known_axis_size() {
+    // TinyViT's `torch.split(x, [a, b], dim)` from dynamo, on an axis shape inference
+    // cannot size: the listed sizes are the pieces; equal chunks would need the size.
+    let sequence_of = |split: Node| {
+        let nodes = vec![
+            split,
+            Node::new("chunk", "SplitToSequence", &["x", "split"], &["seq"]).with_attr("axis", Attribute::Int(1)),
+            scalar("first", 0),
+            Node::new("at", "SequenceAt", &["seq", "first"], &["item"]),
+        ];
+        prepare(model(17, vec![input("x", "batch n 3")], nodes, &["item"]))
+    };
+    let m = sequence_of(ints("split", &[2, 3])).unwrap();
+    assert_eq!(shape_of(&m, "item"), "batch×2×3");
+    let err = sequence_of(scalar("split", 2)).unwrap_err().to_string();
+    assert!(err.contains("\"chunk\"") && err.contains("size known at load time"), "{err}");
+}
+
+#[test]
 fn a_sequence_position_not_known_at_load_time_is_an_error_naming_the_node() {
     let nodes = vec![
         Node::new("chunk", "SplitToSequence", &["x"], &["seq"]).with_attr("axis", Attribute::Int(1)),

@@ -196,6 +196,61 @@ pub(super) fn trilu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
+/// `Tile`: an axis of size 1 repeated any number of times (the batch's count may be
+/// symbolic) is a broadcast, summed back; another axis, repeated a known r times, is dY
+/// seen as `[r, d]` (the copies outermost) and summed over the copies, which needs its size
+/// known. At most one axis kept as it is may have an unknown size.
+pub(super) fn tile(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    use edgefreeze_graph::infer::SymInt;
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let x = cx.x(0).to_string();
+    let shape = cx.shape(&x)?;
+    let counts = cx.x(1).to_string();
+    let repeats: Vec<Option<i64>> = match cx.types.constants.get(&counts).and_then(|t| t.to_i64_vec()) {
+        Some(v) => v.into_iter().map(Some).collect(),
+        None => match cx.types.symbolic.get(&counts) {
+            Some(v) => v.iter().map(|s| if let SymInt::Known(n) = s { Some(*n) } else { None }).collect(),
+            None => vec![None; shape.len()],
+        },
+    };
+    let broadcast: Vec<i64> = (0..shape.len())
+        .filter(|&a| shape[a] == Dim::Fixed(1) && repeats.get(a).copied().flatten() != Some(1))
+        .map(|a| a as i64)
+        .collect();
+    let summed = if broadcast.is_empty() { dy } else { cx.e.reduce_sum(&dy, &broadcast, true) };
+    let mut target = Vec::new();
+    let mut copies = Vec::new();
+    let mut unknown = 0;
+    for (a, d) in shape.iter().enumerate() {
+        let r = if broadcast.contains(&(a as i64)) { Some(1) } else { repeats.get(a).copied().flatten() };
+        let size = match (d.fixed(), r) {
+            (_, None) => return Err(cx.err(format!("axis {a}'s repeat count is not known at load time"))),
+            (Some(n), _) => n as i64,
+            (None, Some(1)) => {
+                unknown += 1;
+                -1
+            }
+            (None, Some(r)) => return Err(cx.err(format!("axis {a} is repeated {r} times and its size is not known"))),
+        };
+        if let Some(r) = r.filter(|&r| r != 1) {
+            copies.push(target.len() as i64);
+            target.push(r);
+        }
+        target.push(size);
+    }
+    if copies.is_empty() {
+        g[0] = Some(summed);
+        return Ok(g);
+    }
+    if unknown > 1 {
+        return Err(cx.err("the gradient of Tile needs at most one axis of unknown size"));
+    }
+    let blocks = cx.e.reshape(&summed, &target);
+    g[0] = Some(cx.e.reduce_sum(&blocks, &copies, false));
+    Ok(g)
+}
+
 pub(super) fn pad(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let mut g = cx.none();
     let dy = cx.dy()?;
@@ -246,7 +301,14 @@ fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
     let mut current = cx.shape(cx.y(0))?;
     for k in 0..starts.len() {
         let axis = if axes[k] < 0 { axes[k] + rank as i64 } else { axes[k] } as usize;
-        let size = shape[axis].fixed().ok_or_else(|| cx.err("sliced axes must have a known size"))? as i64;
+        let Some(size) = shape[axis].fixed().map(|n| n as i64) else {
+            if steps[k] != 1 {
+                return Err(cx.err("a strided slice of an axis of unknown size has no gradient rule"));
+            }
+            grad = pad_unknown_axis(cx, x, &grad, rank, axis, starts[k], ends[k]);
+            current[axis] = shape[axis].clone();
+            continue;
+        };
         let (first, _, len) = edgefreeze_graph::infer::slice_bounds(starts[k], ends[k], steps[k], size);
         let len = len as i64;
         let pad_axis = |cx: &mut RuleCx<'_>, g: &str, rank: usize, axis: usize, begin: i64, end: i64| -> String {
@@ -296,6 +358,54 @@ fn slice_grad(cx: &mut RuleCx<'_>, x: &str, dy: &str) -> Result<String> {
         current[axis] = edgefreeze_graph::ir::Dim::Fixed(size as usize);
     }
     Ok(grad)
+}
+
+/// Pads `grad`, the gradient of `x[.., start:end, ..]` (step 1) along `axis`, back to x's
+/// size there, which shape inference does not know (XCiT's class-attention tokens,
+/// MobileViT's patches behind a computed reshape): the pads are computed at run time from
+/// x's size, with the bounds clamped as `Slice` clamps them. A slice from a non-negative
+/// start to the end needs no size at all.
+fn pad_unknown_axis(
+    cx: &mut RuleCx<'_>,
+    x: &str,
+    grad: &str,
+    rank: usize,
+    axis: usize,
+    start: i64,
+    end: i64,
+) -> String {
+    // `end` at or past this is "to the end" (exporters write i64::MAX or INT_MAX).
+    const TO_THE_END: i64 = i32::MAX as i64;
+    let pads_with = |cx: &mut RuleCx<'_>, begin: &str, end: &str| -> String {
+        let before = cx.e.ints(&vec![0; axis]);
+        let between = cx.e.ints(&vec![0; rank - 1]);
+        let after = cx.e.ints(&vec![0; rank - 1 - axis]);
+        let parts = [before.as_str(), begin, between.as_str(), end, after.as_str()];
+        let pads = cx.e.op("Concat", &parts, vec![("axis", Attribute::Int(0))]);
+        cx.e.op("Pad", &[grad, &pads], vec![])
+    };
+    if start >= 0 && end >= TO_THE_END {
+        let (begin, end) = (cx.e.ints(&[start]), cx.e.ints(&[0]));
+        return pads_with(cx, &begin, &end);
+    }
+    let shape = cx.e.shape_of(x);
+    let at = cx.e.ints(&[axis as i64]);
+    let size = cx.e.op("Gather", &[&shape, &at], vec![("axis", Attribute::Int(0))]);
+    let zero = cx.e.ints(&[0]);
+    // A bound as Slice clamps it: a negative one counts from the end, then into [0, size].
+    let clamp = |cx: &mut RuleCx<'_>, bound: i64| -> String {
+        let b = cx.e.ints(&[bound.min(TO_THE_END)]);
+        let from_end = if bound < 0 { cx.e.op("Add", &[&size, &b], vec![]) } else { b };
+        let low = cx.e.op("Max", &[&from_end, &zero], vec![]);
+        cx.e.op("Min", &[&low, &size], vec![])
+    };
+    let begin = clamp(cx, start);
+    let stop = clamp(cx, end);
+    let span = cx.e.op("Sub", &[&stop, &begin], vec![]);
+    let len = cx.e.op("Max", &[&span, &zero], vec![]);
+    let rest = cx.e.op("Sub", &[&size, &begin], vec![]);
+    let end_pad = cx.e.op("Sub", &[&rest, &len], vec![]);
+    pads_with(cx, &begin, &end_pad)
 }
 
 /// The gradient of a constant-mode `Pad`: dY with the padding cut off (`Slice`), and

@@ -149,7 +149,8 @@ pub enum Gradient {
         reason: &'static str,
     },
     /// Rewritten before the reverse pass into primitive ops whose rules apply
-    /// ([`crate::training_mode`]: BatchNormalization, LayerNormalization).
+    /// ([`crate::training_mode`]: BatchNormalization, LayerNormalization,
+    /// InstanceNormalization).
     Expanded,
 }
 
@@ -248,9 +249,11 @@ pub static GRADIENTS: &[GradSpec] = &[
     // Normalisation layers: spelled out in primitive ops for training.
     GradSpec { op_type: "BatchNormalization", gradient: Expanded },
     GradSpec { op_type: "LayerNormalization", gradient: Expanded },
+    GradSpec { op_type: "InstanceNormalization", gradient: Expanded },
     // Reductions.
     no_gradient("ArgMax", INTEGER),
     rule("CumSum", ly::cum_sum),
+    rule("ReduceL2", nm::reduce_l2),
     not_differentiable("ReduceMax", NOT_YET),
     rule("ReduceMean", nm::reduce_mean),
     not_differentiable("ReduceMin", NOT_YET),
@@ -270,6 +273,7 @@ pub static GRADIENTS: &[GradSpec] = &[
     rule("Transpose", ly::transpose),
     not_differentiable("ScatterElements", NOT_YET),
     not_differentiable("ScatterND", NOT_YET),
+    rule("Tile", ly::tile),
     rule("Trilu", ly::trilu),
     rule("Unsqueeze", ly::reshape),
     // Constants and shape computations.

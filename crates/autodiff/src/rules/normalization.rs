@@ -115,15 +115,29 @@ pub(super) fn log_softmax(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
 
 /// `ReduceSum` takes its axes as an input from opset 13.
 pub(super) fn reduce_sum(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    reduce(cx, 13, false)
+    reduce(cx, 13, Reduction::Sum)
 }
 
 /// `ReduceMean` takes its axes as an input from opset 18.
 pub(super) fn reduce_mean(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
-    reduce(cx, 18, true)
+    reduce(cx, 18, Reduction::Mean)
 }
 
-fn reduce(cx: &mut RuleCx<'_>, since: i64, mean: bool) -> Result<InputGrads> {
+/// `ReduceL2` (`F.normalize`'s norm, from opset 18 with its axes as an input).
+pub(super) fn reduce_l2(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    reduce(cx, 18, Reduction::L2)
+}
+
+/// What a reduction computes, for its gradient.
+#[derive(Clone, Copy, PartialEq)]
+enum Reduction {
+    Sum,
+    Mean,
+    /// √Σx²: dX = X · dY / Y, and 0 where Y = 0 (where X is all zeros), as PyTorch's norm.
+    L2,
+}
+
+fn reduce(cx: &mut RuleCx<'_>, since: i64, kind: Reduction) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let (x, y) = (cx.x(0).to_string(), cx.y(0).to_string());
     let mut g = cx.none();
@@ -156,7 +170,16 @@ fn reduce(cx: &mut RuleCx<'_>, since: i64, mean: bool) -> Result<InputGrads> {
     };
     let keep = cx.node.attr_int("keepdims", 1)? != 0;
     let restored = if keep || axes.len() == rank { dy.clone() } else { cx.e.unsqueeze(&dy, &axes) };
-    let scaled = if mean {
+    if kind == Reduction::L2 {
+        let y_kept = if keep || axes.len() == rank { y.clone() } else { cx.e.unsqueeze(&y, &axes) };
+        let ratio = cx.e.div(&restored, &y_kept);
+        let zero = cx.e.scalar(0.0);
+        let at_zero = cx.e.op("Equal", &[&y_kept, &zero], vec![]);
+        let ratio = cx.e.op("Where", &[&at_zero, &zero, &ratio], vec![]);
+        g[0] = Some(cx.e.mul(&x, &ratio));
+        return Ok(g);
+    }
+    let scaled = if kind == Reduction::Mean {
         let shape = cx.shape(&x)?;
         let count: Option<usize> = axes.iter().map(|&a| shape[a as usize].fixed()).product();
         match count {

@@ -24,27 +24,37 @@ pub(crate) fn scatter(cx: &Cx<'_>) -> Result<Outputs> {
 
 pub(crate) fn pad(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = cx.input(0)?;
-    let pads = cx.const_ints(1)?.ok_or_else(|| cx.err("pads are required"))?;
+    // Pads computed at run time (a slice's gradient along an axis of unknown size) are
+    // known element by element where they are constants.
+    let pads: Vec<Option<i64>> = match cx.symbolic(1) {
+        Some(p) => p.iter().map(|v| if let SymInt::Known(n) = v { Some(*n) } else { None }).collect(),
+        None => {
+            let (_, s) = cx.input(1)?;
+            match s.as_slice() {
+                [Dim::Fixed(n)] => vec![None; *n],
+                _ => return Err(cx.err("the pads must have a known length")),
+            }
+        }
+    };
     let axes = match cx.const_ints(3)? {
         Some(a) => a.iter().map(|&v| cx.axis(v, x.len())).collect::<Result<Vec<_>>>()?,
         None => (0..x.len()).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(cx.err(format!("pads {pads:?} do not fit {} axes", axes.len())));
+        return Err(cx.err(format!("{} pads do not fit {} axes", pads.len(), axes.len())));
     }
     let mut out = x.clone();
     for (k, &axis) in axes.iter().enumerate() {
-        let (begin, end) = (pads[k], pads[k + axes.len()]);
-        out[axis] = match x[axis].fixed() {
-            Some(n) => {
+        out[axis] = match (x[axis].fixed(), pads[k], pads[k + axes.len()]) {
+            (_, Some(0), Some(0)) => x[axis].clone(),
+            (Some(n), Some(begin), Some(end)) => {
                 let size = n as i64 + begin + end;
                 if size < 0 {
-                    return Err(cx.err(format!("pads {pads:?} remove more than axis {axis} has")));
+                    return Err(cx.err(format!("pads {begin}, {end} remove more than axis {axis} has")));
                 }
                 Dim::Fixed(size as usize)
             }
-            None if begin == 0 && end == 0 => x[axis].clone(),
-            None => Dim::Unknown,
+            _ => Dim::Unknown,
         };
     }
     Ok(vec![(dtype, out)])
@@ -275,6 +285,27 @@ pub(crate) fn expand(cx: &Cx<'_>) -> Result<Outputs> {
     let target = shape_from_input(cx, 1)?;
     let out = broadcast_shapes(&[&x, &target])
         .ok_or_else(|| cx.err(format!("cannot expand {} to {}", format_shape(&x), format_shape(&target))))?;
+    Ok(vec![(dtype, out)])
+}
+
+/// `Tile`: each axis times its repeat count (input 1; a count may be symbolic, as
+/// `x.repeat(batch, 1, 1, 1)` of a one-sample map writes it).
+pub(crate) fn tile(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    let repeats = shape_from_input(cx, 1)?;
+    if repeats.len() != x.len() {
+        return Err(cx.err(format!("{} repeats do not fit {}", repeats.len(), format_shape(&x))));
+    }
+    let out = x
+        .iter()
+        .zip(&repeats)
+        .map(|(d, r)| match (d, r) {
+            (_, Dim::Fixed(1)) => d.clone(),
+            (Dim::Fixed(1), _) => r.clone(),
+            (Dim::Fixed(n), Dim::Fixed(r)) => Dim::Fixed(n * r),
+            _ => Dim::Unknown,
+        })
+        .collect();
     Ok(vec![(dtype, out)])
 }
 

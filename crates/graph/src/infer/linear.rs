@@ -94,6 +94,28 @@ pub(crate) fn layer_normalization(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(dtype, x), (stash, stats.clone()), (stash, stats)])
 }
 
+/// `InstanceNormalization` (how both PyTorch exporters write `GroupNorm`, on the input
+/// reshaped to `[N, groups, -1]`): x's type and shape, `N×C×...`, with a scale and a bias
+/// of `C` each.
+pub(crate) fn instance_normalization(cx: &Cx<'_>) -> Result<Outputs> {
+    let (dtype, x) = cx.input(0)?;
+    if x.len() < 3 {
+        return Err(cx.err(format!("the input must be N×C×D1×..., got {}", format_shape(&x))));
+    }
+    for i in [1, 2] {
+        let (_, p) = cx.input(i)?;
+        let fits = matches!(p.as_slice(), [c] if c.fixed().is_none() || x[1].fixed().is_none() || *c == x[1]);
+        if !fits {
+            return Err(cx.err(format!(
+                "input {i} must have one value per channel ({}), got {}",
+                format_shape(&x[1..2]),
+                format_shape(&p)
+            )));
+        }
+    }
+    Ok(vec![(dtype, x)])
+}
+
 pub(crate) fn arg_max(cx: &Cx<'_>) -> Result<Outputs> {
     let (_, x) = cx.input(0)?;
     let axis = cx.axis(cx.node.attr_int("axis", 0)?, x.len())?;

@@ -188,10 +188,12 @@ pub static OPS: &[OpSpec] = &[
     op("MatMul", 2..=2, 1..=1, li::mat_mul, Rule(fl::matmul_flops), Never(Compute), None),
     // Normalisation layers.
     op("BatchNormalization", 5..=5, 1..=5, li::batch_normalization, PerOutput(2), Never(Compute), None),
+    op("InstanceNormalization", 3..=3, 1..=1, li::instance_normalization, PerOutput(8), Never(Compute), None),
     op("LayerNormalization", 2..=3, 1..=3, li::layer_normalization, PerOutput(8), Never(Compute), None),
     // Reductions.
     op("ArgMax", 1..=1, 1..=1, li::arg_max, PerInput, Never(Compute), None),
     op("CumSum", 2..=2, 1..=1, ly::cum_sum, PerOutput(1), Never(Compute), None),
+    op("ReduceL2", 1..=2, 1..=1, li::reduce_since_18, PerInput, Never(Compute), None),
     op("ReduceMax", 1..=2, 1..=1, li::reduce_since_18, PerInput, Never(Compute), None),
     op("ReduceMean", 1..=2, 1..=1, li::reduce_since_18, PerInput, Never(Compute), None),
     op("ReduceMin", 1..=2, 1..=1, li::reduce_since_18, PerInput, Never(Compute), None),
@@ -211,6 +213,7 @@ pub static OPS: &[OpSpec] = &[
     op("Transpose", 1..=1, 1..=1, ly::transpose, Zero, Values(ev::transpose), None),
     op("ScatterElements", 3..=3, 1..=1, ly::scatter, Zero, Never(NotNeeded), None),
     op("ScatterND", 3..=3, 1..=1, ly::scatter, Zero, Never(NotNeeded), None),
+    op("Tile", 2..=2, 1..=1, ly::tile, Zero, Never(NotNeeded), None),
     op("Trilu", 1..=2, 1..=1, ly::trilu, Zero, Never(NotNeeded), None),
     op("Unsqueeze", 1..=2, 1..=1, ly::unsqueeze, Zero, Values(ev::same_values), Some(ly::same_value)),
     // Constants and shape computations.
