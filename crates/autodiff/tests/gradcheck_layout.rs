@@ -514,3 +514,74 @@ fn gradient_of_w(
     let outputs = s.output_names().to_vec();
     out[outputs.iter().position(|n| n == "grad.w").unwrap()].as_f64().unwrap().clone()
 }
+
+#[test]
+fn nearest_upsampling_sums_each_block_back() {
+    // `F.interpolate(x, scale_factor=2)` / `nn.Upsample` (HRNet's fusion): nearest,
+    // asymmetric coordinates, floor rounding; scales given (TorchScript, dynamo) or sizes.
+    let mut rng = Rng::new(26);
+    let nearest = || {
+        Node::new("Resize", "Resize", &["x", "", "scales"], &["out0"])
+            .with_attr("mode", Attribute::String(b"nearest".to_vec()))
+            .with_attr("coordinate_transformation_mode", Attribute::String(b"asymmetric".to_vec()))
+            .with_attr("nearest_mode", Attribute::String(b"floor".to_vec()))
+    };
+    let floats = |v: &[f64]| Input::Const(Tensor::from_f64_as(DataType::Float32, vec![v.len()], v).unwrap());
+    check(
+        nearest(),
+        vec![
+            param(&mut rng, &[1, 2, 2, 3]),
+            Input::Const(Tensor::from_f32(vec![0], &[]).unwrap()),
+            floats(&[1.0, 1.0, 2.0, 2.0]),
+        ],
+        17,
+    );
+    check(
+        nearest(),
+        vec![
+            param(&mut rng, &[2, 1, 3, 2]),
+            Input::Const(Tensor::from_f32(vec![0], &[]).unwrap()),
+            floats(&[1.0, 1.0, 3.0, 1.0]),
+        ],
+        17,
+    );
+    let by_size = Node::new("Resize", "Resize", &["x", "", "", "sizes"], &["out0"])
+        .with_attr("mode", Attribute::String(b"nearest".to_vec()))
+        .with_attr("coordinate_transformation_mode", Attribute::String(b"asymmetric".to_vec()))
+        .with_attr("nearest_mode", Attribute::String(b"floor".to_vec()));
+    let empty = || Input::Const(Tensor::from_f32(vec![0], &[]).unwrap());
+    check(by_size, vec![param(&mut rng, &[1, 2, 2, 2]), empty(), empty(), ints(&[1, 2, 4, 6])], 17);
+}
+
+#[test]
+fn other_resizes_are_refused_naming_the_mode() {
+    let linear = Node::new("up", "Resize", &["x", "", "scales"], &["y"])
+        .with_attr("mode", Attribute::String(b"linear".to_vec()));
+    let mut graph = edgefreeze_graph::ir::Graph { name: "linear".into(), ..Default::default() };
+    graph.inputs.push(edgefreeze_graph::ir::ValueInfo::new(
+        "x",
+        DataType::Float32,
+        vec![
+            edgefreeze_graph::ir::Dim::Fixed(1),
+            edgefreeze_graph::ir::Dim::Fixed(1),
+            edgefreeze_graph::ir::Dim::Fixed(2),
+            edgefreeze_graph::ir::Dim::Fixed(2),
+        ],
+    ));
+    graph.initializers.insert("scales".into(), Tensor::from_f32(vec![4], &[1.0, 1.0, 2.0, 2.0]).unwrap());
+    graph.nodes.push(linear);
+    graph.outputs.push(edgefreeze_graph::ir::ValueInfo {
+        name: "y".into(),
+        dtype: None,
+        shape: None,
+        doc_string: String::new(),
+    });
+    let model = edgefreeze_graph::ir::Model {
+        ir_version: 8,
+        opset_imports: vec![(String::new(), 17)],
+        graph,
+        ..Default::default()
+    };
+    let err = edgefreeze_graph::prepare(model).unwrap_err().to_string();
+    assert!(err.contains("\"up\"") && err.contains("\"linear\""), "{err}");
+}

@@ -196,6 +196,47 @@ pub(super) fn trilu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
+/// `Resize`, nearest neighbour by whole-number factors (the graph crate's
+/// `resize_factors`): each input element fills a block of k1·k2·... outputs, so dX sums
+/// dY over each block, dY seen as `[.., d, k, ..]` per scaled axis.
+pub(super) fn resize(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    let mut g = cx.none();
+    let dy = cx.dy()?;
+    let x = cx.x(0).to_string();
+    let shape = cx.shape(&x)?;
+    let constant = |i: usize| cx.node.input(i).and_then(|n| cx.types.constants.get(n));
+    let scales = constant(2).and_then(|t| t.to_f64_vec());
+    let sizes = constant(3).and_then(|t| t.to_i64_vec());
+    let factors = edgefreeze_graph::infer::resize_factors(cx.node, &shape, scales, sizes).map_err(|e| cx.err(e))?;
+    let mut target = Vec::new();
+    let mut blocks = Vec::new();
+    let mut unknown = 0;
+    for (a, (d, &k)) in shape.iter().zip(&factors).enumerate() {
+        match (d.fixed(), k) {
+            (Some(n), _) => target.push(n as i64),
+            (None, 1) => {
+                unknown += 1;
+                target.push(-1);
+            }
+            (None, _) => return Err(cx.err(format!("axis {a} is scaled and its size is not known"))),
+        }
+        if k > 1 {
+            blocks.push(target.len() as i64);
+            target.push(k as i64);
+        }
+    }
+    if blocks.is_empty() {
+        g[0] = Some(dy);
+        return Ok(g);
+    }
+    if unknown > 1 {
+        return Err(cx.err("the gradient of Resize needs at most one axis of unknown size"));
+    }
+    let grouped = cx.e.reshape(&dy, &target);
+    g[0] = Some(cx.e.reduce_sum(&grouped, &blocks, false));
+    Ok(g)
+}
+
 /// `Tile`: an axis of size 1 repeated any number of times (the batch's count may be
 /// symbolic) is a broadcast, summed back; another axis, repeated a known r times, is dY
 /// seen as `[r, d]` (the copies outermost) and summed over the copies, which needs its size

@@ -266,6 +266,7 @@ pub static GRADIENTS: &[GradSpec] = &[
     rule("GatherElements", ly::gather_elements),
     rule("GatherND", ly::gather_nd),
     rule("Pad", ly::pad),
+    rule("Resize", ly::resize),
     rule("Reshape", ly::reshape),
     rule("Slice", ly::slice),
     rule("Split", ly::split),

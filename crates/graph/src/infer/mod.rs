@@ -5,6 +5,7 @@ mod broadcast;
 pub(crate) mod elementwise;
 pub(crate) mod eval;
 pub(crate) mod layout;
+pub use layout::resize_factors;
 pub(crate) mod linear;
 pub(crate) mod spatial;
 
