@@ -152,6 +152,8 @@ zoo_tests! {
     transformer_encoder_masked_dynamo: "tfenc_bf_pre_gelu_mask.dynamo",
     transformer_encoder_seq_first_masked_torchscript: "tfenc_sf_post_relu_mask.ts",
     keras_through_tf2onnx: "keras_cnn.tf2onnx",
+    timm_ops_torchscript: "ops_mini.ts",
+    timm_ops_dynamo: "ops_mini.dynamo",
     huggingface_bert_torchscript: "hf_bert.ts",
     huggingface_roberta_dynamo: "hf_roberta.dynamo",
     huggingface_gpt2_torchscript: "hf_gpt2.ts",

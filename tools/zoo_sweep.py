@@ -212,6 +212,27 @@ def squeezenet_mini():
         nn.Flatten())
 
 
+class OpsMini(nn.Module):
+    """The ops timm models brought, in one small network: GroupNorm (InstanceNormalization),
+    nearest upsampling (Resize), a learned map repeated over the batch (Tile with the batch
+    as its count) and F.normalize (ReduceL2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.pos = nn.Parameter(0.1 * torch.randn(1, 8, 1, 1))
+        self.fc = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x):
+        x = F.gelu(self.norm(self.conv1(x)))
+        x = self.conv2(self.up(x)) + self.pos.repeat(x.shape[0], 1, 1, 1)
+        x = F.normalize(x.mean(dim=(2, 3)), dim=1) * 4.0
+        return self.fc(x)
+
+
 def small_model(name: str):
     """The reduced-width torchvision models of the CI fixtures."""
     from torchvision.models import ShuffleNetV2
@@ -220,6 +241,8 @@ def small_model(name: str):
 
     if name == "squeezenet_mini":
         return squeezenet_mini()
+    if name == "ops_mini":
+        return OpsMini()
     if name == "shufflenet_v2_mini":
         return ShuffleNetV2([2, 2, 2], [8, 16, 32, 64, 128], num_classes=NUM_CLASSES)
     if name == "mobilenet_v3_small_025":
@@ -259,6 +282,10 @@ FIXTURES = [
     # Hugging Face transformers: GatherElements (BERT's token types), CumSum (RoBERTa's
     # position ids, int64 on tract), IsNaN and SplitToSequence (dynamo's attention and
     # GPT-2's fused QKV), Trilu (GPT-2's causal mask), Sin and Cos (Llama's rotary embeddings).
+    # GroupNorm, nearest upsampling, a map repeated over the batch and F.normalize, as the
+    # timm sweep met them (InstanceNormalization, Resize, Tile, ReduceL2).
+    ("ops_mini", "ts", 16),
+    ("ops_mini", "dynamo", 16),
     ("hf_bert", "ts", None),
     ("hf_roberta", "dynamo", None),
     ("hf_gpt2", "ts", None),

@@ -322,6 +322,8 @@ zoo_cached_pair_tests! {
     cached_pair_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo";
     cached_pair_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts";
     cached_pair_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx";
+    cached_pair_zoo_ops_mini_ts => "ops_mini.ts";
+    cached_pair_zoo_ops_mini_dynamo => "ops_mini.dynamo";
     cached_pair_zoo_hf_bert_ts => "hf_bert.ts";
     cached_pair_zoo_hf_roberta_dynamo => "hf_roberta.dynamo";
 }
