@@ -21,7 +21,6 @@
 //!   buffers as constants itself.)
 
 use crate::batch;
-use crate::error::Result;
 use crate::ir::{Attribute, Model, Node, fresh_name};
 use std::collections::HashSet;
 use tract_onnx::pb;
@@ -78,27 +77,6 @@ struct ValueMetadata {
     metadata_props: Vec<pb::StringStringEntryProto>,
 }
 
-/// The values of an ONNX file's bytes that dynamo declares as a buffer or a constant
-/// tensor of the module, in file order (none if the bytes do not decode: the real decode
-/// reports that).
-pub(crate) fn declared_buffers(bytes: &[u8]) -> Vec<String> {
-    use prost::Message;
-    let Ok(ModelNodes { graph: Some(graph) }) = ModelNodes::decode(bytes) else { return Vec::new() };
-    let mut seen = HashSet::new();
-    graph
-        .input
-        .into_iter()
-        .chain(graph.value_info)
-        .filter(|v| {
-            v.metadata_props
-                .iter()
-                .any(|p| p.key == INPUT_KIND && (p.value == "BUFFER" || p.value == "CONSTANT_TENSOR"))
-        })
-        .filter(|v| seen.insert(v.name.clone()))
-        .map(|v| v.name)
-        .collect()
-}
-
 fn names<'a>(model: &'a Model, key: &str) -> Vec<&'a str> {
     model.metadata_value(key).map(|v| v.lines().filter(|l| !l.is_empty()).collect()).unwrap_or_default()
 }
@@ -115,7 +93,7 @@ pub fn constant_buffer_names(model: &Model) -> Vec<&str> {
 
 /// Makes each floating-point initializer the exporter declared a buffer a `Constant` node,
 /// but BatchNorm's running statistics (module doc). Returns their names.
-pub fn constant_buffers(model: &mut Model) -> Result<Vec<String>> {
+pub fn constant_buffers(model: &mut Model) -> Vec<String> {
     let declared: Vec<String> = exported_buffers(model).into_iter().map(String::from).collect();
     let statistics: HashSet<String> =
         crate::analysis::buffer_names(&model.graph).into_iter().map(String::from).collect();
@@ -140,27 +118,46 @@ pub fn constant_buffers(model: &mut Model) -> Result<Vec<String>> {
         model.metadata.retain(|(k, _)| k != CONSTANT_BUFFERS_KEY);
         model.metadata.push((CONSTANT_BUFFERS_KEY.into(), made.join("\n")));
     }
-    Ok(made)
+    made
 }
 
-/// Counts the nodes of an ONNX file's bytes that dynamo's optimizer marks as holding a
-/// folded BatchNorm (0 if the bytes do not decode: the real decode reports that).
-pub(crate) fn marked_folds(bytes: &[u8]) -> usize {
+/// What an exporter marked in an ONNX file's metadata that the IR does not keep.
+#[derive(Debug, Default)]
+pub(crate) struct ExporterMarks {
+    /// Nodes dynamo's optimizer marks as holding a folded BatchNorm.
+    pub folds: usize,
+    /// Values dynamo declares a buffer or a constant tensor of the module, in file order.
+    pub buffers: Vec<String>,
+}
+
+/// Reads the marks from an ONNX file's bytes in one decode (none if the bytes do not
+/// decode: the real decode reports that).
+pub(crate) fn exporter_marks(bytes: &[u8]) -> ExporterMarks {
     use prost::Message;
-    let Ok(model) = ModelNodes::decode(bytes) else { return 0 };
-    model
-        .graph
-        .map(|g| {
-            g.node
+    let Ok(ModelNodes { graph: Some(graph) }) = ModelNodes::decode(bytes) else { return ExporterMarks::default() };
+    let folds = graph
+        .node
+        .iter()
+        .filter(|n| {
+            n.metadata_props
                 .iter()
-                .filter(|n| {
-                    n.metadata_props
-                        .iter()
-                        .any(|p| p.key == "pkg.onnxscript.rewriter.rule_name" && p.value.contains("BatchNorm"))
-                })
-                .count()
+                .any(|p| p.key == "pkg.onnxscript.rewriter.rule_name" && p.value.contains("BatchNorm"))
         })
-        .unwrap_or(0)
+        .count();
+    let mut seen = HashSet::new();
+    let buffers = graph
+        .input
+        .into_iter()
+        .chain(graph.value_info)
+        .filter(|v| {
+            v.metadata_props
+                .iter()
+                .any(|p| p.key == INPUT_KIND && (p.value == "BUFFER" || p.value == "CONSTANT_TENSOR"))
+        })
+        .filter(|v| seen.insert(v.name.clone()))
+        .map(|v| v.name)
+        .collect();
+    ExporterMarks { folds, buffers }
 }
 
 /// How many BatchNorms the exporter folded into convolutions, and which exporter's way of

@@ -55,7 +55,7 @@ pub fn prepare(mut model: Model) -> Result<Model> {
     sort::sort_topologically(&mut model.graph)?;
     sequence::rewrite_sequences(&mut model)?;
     ops::check_supported(&model.graph)?;
-    exported::constant_buffers(&mut model)?;
+    exported::constant_buffers(&mut model);
     batch::relax_fixed_batch(&mut model)?;
     upgrade::coerced_softmax(&mut model, &softmax)?;
     untie::untie_identity_initializers(&mut model.graph);

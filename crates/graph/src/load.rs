@@ -26,17 +26,16 @@ pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
 pub fn parse_model(bytes: &[u8], external_dir: Option<&Path>) -> Result<Model> {
     let proto = pb::ModelProto::decode(bytes).map_err(GraphError::Decode)?;
     let mut model = model_from_proto(proto, external_dir)?;
-    // Node metadata is not kept in the IR; what it says about folded BatchNorms is.
-    let folds = crate::exported::marked_folds(bytes);
-    if folds > 0 && model.metadata_value(crate::exported::FOLDED_BATCH_NORMS_KEY).is_none() {
-        model.metadata.push((crate::exported::FOLDED_BATCH_NORMS_KEY.into(), folds.to_string()));
+    // Node and value metadata are not kept in the IR; what they say about folded
+    // BatchNorms and about buffers is. A file written by edgefreeze keeps the records of
+    // its own import.
+    let marks = crate::exported::exporter_marks(bytes);
+    if marks.folds > 0 && model.metadata_value(crate::exported::FOLDED_BATCH_NORMS_KEY).is_none() {
+        model.metadata.push((crate::exported::FOLDED_BATCH_NORMS_KEY.into(), marks.folds.to_string()));
     }
-    // What the exporter declared a buffer rather than a parameter (value metadata, not kept
-    // in the IR either); a file written by edgefreeze keeps the record of its own import.
-    let buffers = crate::exported::declared_buffers(bytes);
-    if !buffers.is_empty() {
+    if !marks.buffers.is_empty() {
         model.metadata.retain(|(k, _)| k != crate::exported::EXPORTED_BUFFERS_KEY);
-        model.metadata.push((crate::exported::EXPORTED_BUFFERS_KEY.into(), buffers.join("\n")));
+        model.metadata.push((crate::exported::EXPORTED_BUFFERS_KEY.into(), marks.buffers.join("\n")));
     }
     Ok(model)
 }

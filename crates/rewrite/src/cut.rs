@@ -130,16 +130,7 @@ fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<(Model, Vec
     };
     let mut taken: HashSet<String> = value_names(graph).into_iter().map(String::from).collect();
     taken.extend(graph.nodes.iter().map(|n| n.name.clone()));
-    let mut fresh = |hint: String| {
-        let mut name = hint.clone();
-        let mut k = 1;
-        while taken.contains(&name) {
-            name = format!("{hint}_{k}");
-            k += 1;
-        }
-        taken.insert(name.clone());
-        name
-    };
+    let mut fresh = |hint: String| edgefreeze_graph::ir::fresh_name(&mut taken, &hint);
     // Front values computed from front shapes, and their copies for the back.
     let mut copies: HashMap<String, String> = HashMap::new();
     let mut out = model.clone();

@@ -208,33 +208,62 @@ pub(super) fn resize(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let scales = constant(2).and_then(|t| t.to_f64_vec());
     let sizes = constant(3).and_then(|t| t.to_i64_vec());
     let factors = edgefreeze_graph::infer::resize_factors(cx.node, &shape, scales, sizes).map_err(|e| cx.err(e))?;
+    g[0] = Some(sum_blocks(cx, &dy, &shape, &factors, Blocks::Inner, "Resize", |a, _| {
+        format!("axis {a} is scaled and its size is not known")
+    })?);
+    Ok(g)
+}
+
+/// Where each axis's copies lie in dY: a block of k after each element (`Resize`'s
+/// nearest neighbours) or k whole copies of the axis one after another (`Tile`).
+#[derive(Clone, Copy, PartialEq)]
+enum Blocks {
+    Inner,
+    Outer,
+}
+
+/// dY, which holds `factors[a]` copies of each element of x (of `shape`) along each axis
+/// `a` as `layout` says, summed over the copies back to x's shape. An axis with copies
+/// needs its size known; at most one without may have an unknown size.
+fn sum_blocks(
+    cx: &mut RuleCx<'_>,
+    dy: &str,
+    shape: &[Dim],
+    factors: &[usize],
+    layout: Blocks,
+    op: &str,
+    unknown_size: impl Fn(usize, usize) -> String,
+) -> Result<String> {
     let mut target = Vec::new();
     let mut blocks = Vec::new();
     let mut unknown = 0;
-    for (a, (d, &k)) in shape.iter().zip(&factors).enumerate() {
-        match (d.fixed(), k) {
-            (Some(n), _) => target.push(n as i64),
+    for (a, (d, &k)) in shape.iter().zip(factors).enumerate() {
+        let size = match (d.fixed(), k) {
+            (Some(n), _) => n as i64,
             (None, 1) => {
                 unknown += 1;
-                target.push(-1);
+                -1
             }
-            (None, _) => return Err(cx.err(format!("axis {a} is scaled and its size is not known"))),
+            (None, k) => return Err(cx.err(unknown_size(a, k))),
+        };
+        if k > 1 && layout == Blocks::Outer {
+            blocks.push(target.len() as i64);
+            target.push(k as i64);
         }
-        if k > 1 {
+        target.push(size);
+        if k > 1 && layout == Blocks::Inner {
             blocks.push(target.len() as i64);
             target.push(k as i64);
         }
     }
     if blocks.is_empty() {
-        g[0] = Some(dy);
-        return Ok(g);
+        return Ok(dy.to_string());
     }
     if unknown > 1 {
-        return Err(cx.err("the gradient of Resize needs at most one axis of unknown size"));
+        return Err(cx.err(format!("the gradient of {op} needs at most one axis of unknown size")));
     }
-    let grouped = cx.e.reshape(&dy, &target);
-    g[0] = Some(cx.e.reduce_sum(&grouped, &blocks, false));
-    Ok(g)
+    let grouped = cx.e.reshape(dy, &target);
+    Ok(cx.e.reduce_sum(&grouped, &blocks, false))
 }
 
 /// `Tile`: an axis of size 1 repeated any number of times (the batch's count may be
@@ -260,35 +289,16 @@ pub(super) fn tile(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
         .map(|a| a as i64)
         .collect();
     let summed = if broadcast.is_empty() { dy } else { cx.e.reduce_sum(&dy, &broadcast, true) };
-    let mut target = Vec::new();
-    let mut copies = Vec::new();
-    let mut unknown = 0;
-    for (a, d) in shape.iter().enumerate() {
-        let r = if broadcast.contains(&(a as i64)) { Some(1) } else { repeats.get(a).copied().flatten() };
-        let size = match (d.fixed(), r) {
-            (_, None) => return Err(cx.err(format!("axis {a}'s repeat count is not known at load time"))),
-            (Some(n), _) => n as i64,
-            (None, Some(1)) => {
-                unknown += 1;
-                -1
-            }
-            (None, Some(r)) => return Err(cx.err(format!("axis {a} is repeated {r} times and its size is not known"))),
-        };
-        if let Some(r) = r.filter(|&r| r != 1) {
-            copies.push(target.len() as i64);
-            target.push(r);
+    let mut factors = Vec::with_capacity(shape.len());
+    for a in 0..shape.len() {
+        match if broadcast.contains(&(a as i64)) { Some(1) } else { repeats.get(a).copied().flatten() } {
+            Some(r) => factors.push(r as usize),
+            None => return Err(cx.err(format!("axis {a}'s repeat count is not known at load time"))),
         }
-        target.push(size);
     }
-    if copies.is_empty() {
-        g[0] = Some(summed);
-        return Ok(g);
-    }
-    if unknown > 1 {
-        return Err(cx.err("the gradient of Tile needs at most one axis of unknown size"));
-    }
-    let blocks = cx.e.reshape(&summed, &target);
-    g[0] = Some(cx.e.reduce_sum(&blocks, &copies, false));
+    g[0] = Some(sum_blocks(cx, &summed, &shape, &factors, Blocks::Outer, "Tile", |a, r| {
+        format!("axis {a} is repeated {r} times and its size is not known")
+    })?);
     Ok(g)
 }
 
