@@ -109,3 +109,96 @@ fn the_exporters_defaults_fold_batch_norm_and_the_import_says_so() {
         assert_eq!(edgefreeze_graph::exported::folded_batch_norms(&fixture(name)), None, "{name}");
     }
 }
+
+/// A Hugging Face-style text classifier as optimum exports it: token ids, an attention
+/// mask, token types and positions in, each read through its own embedding table (the
+/// mask as a multiplier).
+fn four_input_classifier() -> Model {
+    use edgefreeze_graph::ir::{Attribute, Dim, Graph, Node, ValueInfo};
+    use edgefreeze_graph::{DataType, Tensor};
+    let tokens = |name: &str| ValueInfo::new(name, DataType::Int64, vec![Dim::Symbol("batch".into()), Dim::Fixed(6)]);
+    let mut graph = Graph {
+        name: "optimum_like".into(),
+        nodes: vec![
+            Node::new("embed", "Gather", &["table", "input_ids"], &["e"]),
+            Node::new("types", "Gather", &["type_table", "token_type_ids"], &["t"]),
+            Node::new("positions", "Gather", &["position_table", "position_ids"], &["p"]),
+            Node::new("sum1", "Add", &["e", "t"], &["et"]),
+            Node::new("sum2", "Add", &["et", "p"], &["etp"]),
+            Node::new("mask_f", "Cast", &["attention_mask"], &["m"]).with_attr("to", Attribute::Int(1)),
+            Node::new("axis", "Constant", &[], &["axis"])
+                .with_attr("value", Attribute::Tensor(Tensor::from_i64(vec![1], &[2]).unwrap())),
+            Node::new("mask_u", "Unsqueeze", &["m", "axis"], &["mu"]),
+            Node::new("masked", "Mul", &["etp", "mu"], &["em"]),
+            Node::new("pool", "ReduceMean", &["em"], &["pooled"])
+                .with_attr("axes", Attribute::Ints(vec![1]))
+                .with_attr("keepdims", Attribute::Int(0)),
+            Node::new("head", "Gemm", &["pooled", "w"], &["logits"]),
+        ],
+        inputs: vec![tokens("input_ids"), tokens("attention_mask"), tokens("token_type_ids"), tokens("position_ids")],
+        outputs: vec![ValueInfo::new("logits", DataType::Float32, vec![Dim::Symbol("batch".into()), Dim::Fixed(2)])],
+        ..Default::default()
+    };
+    let table = |rows: usize, scale: f32| {
+        let values: Vec<f32> = (0..rows * 4).map(|i| ((i * 37 % 23) as f32 - 11.0) * scale).collect();
+        Tensor::from_f32(vec![rows, 4], &values).unwrap()
+    };
+    graph.initializers.insert("table".into(), table(20, 0.05));
+    graph.initializers.insert("type_table".into(), table(2, 0.3));
+    graph.initializers.insert("position_table".into(), table(6, 0.1));
+    graph.initializers.insert("w".into(), table(2, 0.2).reshaped(vec![4, 2]).unwrap());
+    edgefreeze_graph::prepare(Model {
+        ir_version: 8,
+        opset_imports: vec![(String::new(), 17)],
+        graph,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn hugging_face_inputs_beside_the_token_ids_are_computed_from_the_padding() {
+    use edgefreeze_graph::text_inputs::derive_from_token_ids;
+    let model = four_input_classifier();
+    let (derived, notes) = derive_from_token_ids(&model, 0).unwrap().expect("three inputs to derive");
+    let inputs: Vec<&str> = derived.graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(inputs, ["input_ids"]);
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(notes[0].contains("attention_mask") && notes[0].contains("padding (id 0)"), "{notes:?}");
+    assert_eq!(edgefreeze_graph::exported::notes(&derived), notes, "inspect, convert and train say it too");
+    // Texts padded at the end with 0, one of them empty.
+    let ids: Vec<i64> = vec![5, 3, 9, 0, 0, 0, 7, 7, 7, 7, 7, 7, 0, 0, 0, 0, 0, 0];
+    let (rows, len) = (3, 6);
+    let mask: Vec<i64> = ids.iter().map(|&t| i64::from(t != 0)).collect();
+    let positions: Vec<i64> = (0..rows * len).map(|i| (i % len) as i64).collect();
+    let tensor = |v: Vec<i64>| Value::I64(ArrayD::from_shape_vec(IxDyn(&[rows, len]), v).unwrap());
+    let given = [
+        ("input_ids", tensor(ids.clone())),
+        ("attention_mask", tensor(mask)),
+        ("token_type_ids", tensor(vec![0; rows * len])),
+        ("position_ids", tensor(positions)),
+    ];
+    for kind in [EngineKind::Tract, EngineKind::Ort(Provider::Cpu)] {
+        let run = |m: &Model, feeds: &[(&str, Value)]| {
+            let bytes = edgefreeze_graph::save::encode_model(m);
+            let mut session = edgefreeze_engine::load(&kind, &bytes, &EngineOptions::default()).unwrap();
+            let names = session.input_names().to_vec();
+            let inputs: Vec<(&str, &Value)> =
+                names.iter().map(|n| (n.as_str(), &feeds.iter().find(|(f, _)| f == n).unwrap().1)).collect();
+            session.run(&inputs).unwrap()[0].as_f32().unwrap().clone()
+        };
+        let explicit = run(&model, &given);
+        let computed = run(&derived, &given[..1]);
+        assert_eq!(explicit, computed, "{kind}");
+        // The empty text pools nothing.
+        assert!(computed.index_axis(ndarray::Axis(0), 2).iter().all(|&x| x == 0.0), "{kind}: {computed:?}");
+    }
+    // Inputs that cannot be computed from the ids are errors naming them.
+    let mut wrong = model.clone();
+    wrong.graph.inputs[1].shape = Some(vec![edgefreeze_graph::ir::Dim::Symbol("batch".into())]);
+    let err = derive_from_token_ids(&wrong, 0).unwrap_err().to_string();
+    assert!(err.contains("attention_mask"), "{err}");
+    let mut plain = model.clone();
+    plain.graph.inputs.truncate(1);
+    assert!(derive_from_token_ids(&plain, 0).unwrap().is_none(), "nothing to derive");
+}

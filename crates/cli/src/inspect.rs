@@ -137,7 +137,15 @@ fn write_table(
                 .cuts
                 .iter()
                 .find(|c| c.after_layer == l.index)
-                .map(|c| format!("✂ {}", human_bytes(c.bytes_per_sample)))
+                .map(|c| {
+                    // The part behind it reads model inputs too (recomputed there, fed by the trainer).
+                    let side = if c.side_inputs.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" + {}", c.side_inputs.join(", "))
+                    };
+                    format!("✂ {}{side}", human_bytes(c.bytes_per_sample))
+                })
                 .unwrap_or_default();
             [
                 l.index.to_string(),
@@ -190,6 +198,13 @@ fn write_table(
         a.layers.len(),
         a.cuts.len()
     )?;
+    if a.cuts.iter().any(|c| !c.side_inputs.is_empty()) {
+        writeln!(
+            out,
+            "a cut marked \"+ input\": the layers behind it read that model input as well (recomputing what they \
+             derive from it); freezing and caching take it, the device/edge split does not (the edge would need the samples)"
+        )?;
+    }
     Ok(())
 }
 

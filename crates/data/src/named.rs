@@ -88,6 +88,12 @@ impl Splits {
     }
 }
 
+/// The id that pads a text dataset's samples at the end (`None` for image datasets): a
+/// model's attention mask is computed from it (`edgefreeze_graph::text_inputs`).
+pub fn padding_id(name: &str) -> Option<i64> {
+    (name == "spam-assassin").then_some(crate::text::PAD)
+}
+
 /// Opens a dataset by name (see [`KNOWN`]) with the default [`OpenOptions`].
 pub fn open(name: &str) -> Result<Splits, DataError> {
     open_with(name, &OpenOptions::default())

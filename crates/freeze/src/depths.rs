@@ -101,15 +101,12 @@ pub fn step_times(
                     ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|i| ((i * 7919) % 997) as f32 / 997.0).collect())
                         .expect("sized above"),
                 );
-                let ms = time_one(
-                    ws.as_mut(),
-                    &artifacts.state,
-                    &state_names,
-                    &suffix,
-                    &[(activation_name(), &act)],
-                    &labels,
-                    options,
-                )?;
+                // Behind a cut with side inputs the suffix reads the batch's input too.
+                let mut data = vec![(activation_name(), &act)];
+                if !cut.side_inputs.is_empty() {
+                    data.push((input_name.as_str(), &input));
+                }
+                let ms = time_one(ws.as_mut(), &artifacts.state, &state_names, &suffix, &data, &labels, options)?;
                 (Some(ms), Some(base * ratio))
             }
             None => (None, None),

@@ -3,11 +3,14 @@
 //! A **layer** is a parameterised op (Conv, Gemm, MatMul with a weight,
 //! BatchNormalization, LayerNormalization, an embedding Gather) with the parameter-free
 //! ops that follow it up to the next parameterised op. A **cut** is a position in the
-//! analysis order where exactly one data-dependent tensor crosses from the front part to
-//! the back part; parameters, constants, graph inputs and values computed only from them
-//! and from tensor shapes do not count, since either side can hold or recompute them.
-//! Layer boundaries that are not cuts are dropped, so a residual block whose branches
-//! rejoin becomes one layer.
+//! analysis order where exactly one activation crosses from the front part to the back
+//! part; parameters, constants and values computed only from them and from tensor shapes
+//! do not count, since either side can hold or recompute them. Nor do the graph's inputs
+//! and values computed from them alone ("input-only": a padding mask `Equal(tokens, 0)`,
+//! the position of the last real token): the back part recomputes those from the inputs
+//! it is given beside the activation, the cut's [`Cut::side_inputs`]. Layer boundaries
+//! that are not cuts are dropped, so a residual block whose branches rejoin becomes one
+//! layer.
 //!
 //! FLOPs are per sample (symbolic dimensions such as the batch count as 1); a
 //! multiply-add counts as two, other element-wise work as one per output element.
@@ -17,7 +20,7 @@ use crate::error::{GraphError, Result};
 use crate::infer::{Inference, infer};
 use crate::ir::{Dim, Graph, Model, Node, Shape};
 use crate::ops::{Flops, spec};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// A group of nodes that is frozen, trained or placed as one.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -58,6 +61,12 @@ pub struct Cut {
     pub position: usize,
     /// The one activation tensor that crosses.
     pub tensor: String,
+    /// The graph inputs the part behind the cut reads as well (their values, not just
+    /// their shapes), directly or through values computed from them alone, which it
+    /// recomputes: empty for most models; the token ids for a classifier that reads the
+    /// last real token, or builds its attention mask from the padding. Whoever runs the
+    /// back part feeds them beside the activation.
+    pub side_inputs: Vec<String>,
     /// Its shape.
     #[serde(serialize_with = "serialize_shape")]
     pub shape: Shape,
@@ -137,6 +146,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
     let (order, starts) = order_nodes(graph, &classes);
     let position: HashMap<usize, usize> = order.iter().enumerate().map(|(p, &i)| (i, p)).collect();
     let crossing = crossing_values(graph, &order, &position, &classes);
+    let side = side_inputs(graph, &order, &classes);
 
     // Preliminary layers start at anchors; a boundary survives only where one tensor crosses.
     // Where more than one crosses in front of an anchor, the layer may still start earlier,
@@ -230,6 +240,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
             after_layer: k,
             position: ranges[k].end,
             tensor: layer.output.clone(),
+            side_inputs: side[ranges[k].end].clone(),
             shape: layer.output_shape.clone(),
             bytes_per_sample: per_sample_elements(&layer.output_shape) * size,
             flops_before: before,
@@ -247,31 +258,59 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
 }
 
 /// Per node: whether it depends on the data fed to the graph (`data`), and whether it is
-/// derived from a parameter without touching data (`param_derived`).
+/// derived from a parameter without touching data (`param_derived`); per data value
+/// computed from the graph inputs alone, the inputs it comes from (`input_only`).
 struct Classes {
     data: Vec<bool>,
     data_values: HashSet<String>,
     param_derived_values: HashSet<String>,
+    input_only: HashMap<String, BTreeSet<String>>,
 }
+
+/// Ops whose output is not a function of their inputs alone: a value they compute cannot
+/// be recomputed behind a cut (it would be another draw).
+const RANDOM: &[&str] = &["Dropout", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"];
 
 fn classify(graph: &Graph) -> Classes {
     let mut data_values: HashSet<String> = graph.inputs.iter().map(|v| v.name.clone()).collect();
     let mut param_derived_values: HashSet<String> = parameter_names(graph).into_iter().collect();
+    let mut input_only: HashMap<String, BTreeSet<String>> =
+        graph.inputs.iter().map(|v| (v.name.clone(), BTreeSet::from([v.name.clone()]))).collect();
     let mut data = vec![false; graph.nodes.len()];
     for (i, node) in graph.nodes.iter().enumerate() {
-        let reads_data =
-            node.inputs.iter().enumerate().any(|(k, v)| data_values.contains(v) && !is_metadata_input(node, k));
+        let value_reads =
+            || node.inputs.iter().enumerate().filter(|(k, v)| !v.is_empty() && !is_metadata_input(node, *k));
+        let reads_data = value_reads().any(|(_, v)| data_values.contains(v));
         data[i] = reads_data;
         let derived = !reads_data && node.inputs.iter().any(|v| param_derived_values.contains(v));
+        // Computed from the inputs alone: every data value it reads is, and it reads no
+        // parameter (nor anything computed from one) and draws nothing at random.
+        let from_inputs = reads_data
+            && !RANDOM.contains(&node.op_type.as_str())
+            && !node.inputs.iter().any(|v| param_derived_values.contains(v))
+            && value_reads().all(|(_, v)| !data_values.contains(v) || input_only.contains_key(v));
+        let roots: Option<BTreeSet<String>> =
+            from_inputs.then(|| value_reads().filter_map(|(_, v)| input_only.get(v)).flatten().cloned().collect());
         for out in node.outputs.iter().filter(|o| !o.is_empty()) {
             if reads_data {
                 data_values.insert(out.clone());
+                if let Some(roots) = &roots {
+                    input_only.insert(out.clone(), roots.clone());
+                }
             } else if derived {
                 param_derived_values.insert(out.clone());
             }
         }
     }
-    Classes { data, data_values, param_derived_values }
+    Classes { data, data_values, param_derived_values, input_only }
+}
+
+/// The data values of a graph computed from its inputs alone (no parameter, nothing
+/// computed from one, no random draw), each with the graph inputs it comes from; the
+/// inputs themselves are among them. Behind a cut they are recomputed from the cut's
+/// side inputs.
+pub fn input_only_values(graph: &Graph) -> HashMap<String, BTreeSet<String>> {
+    classify(graph).input_only
 }
 
 /// Inputs of which an op reads only the shape or element type, not the values.
@@ -371,24 +410,12 @@ fn crossing_values(
         last_use.insert(out.name.as_str(), n);
     }
     let mut crossing = vec![Vec::new(); n + 1];
-    // A graph input read for its values behind a position crosses it too: a part behind
-    // the cut would need the input as well (a Transformer's padding mask, `Equal(tokens,
-    // 0)`, placed after the embedding). Reads of its shape alone (the batch size for a
-    // late Reshape) do not count, as for the cut's tensor either side can recompute them.
-    for input in &graph.inputs {
-        let last = order.iter().enumerate().rev().find_map(|(p, &i)| {
-            let node = &graph.nodes[i];
-            node.inputs.iter().enumerate().any(|(k, v)| *v == input.name && !is_metadata_input(node, k)).then_some(p)
-        });
-        if let Some(last) = last {
-            for slot in crossing.iter_mut().take(last + 1) {
-                slot.push(input.name.clone());
-            }
-        }
-    }
+    // Graph inputs and values computed from them alone do not cross: the back part is
+    // given the inputs it reads (`side_inputs`) and recomputes the rest.
     for &i in order {
         let produced_at = position[&i];
-        for out in graph.nodes[i].outputs.iter().filter(|o| classes.data_values.contains(*o)) {
+        let crosses = |o: &&String| classes.data_values.contains(*o) && !classes.input_only.contains_key(*o);
+        for out in graph.nodes[i].outputs.iter().filter(crosses) {
             if let Some(&last) = last_use.get(out.as_str()) {
                 for slot in crossing.iter_mut().take(last + 1).skip(produced_at + 1) {
                     slot.push(out.clone());
@@ -397,6 +424,41 @@ fn crossing_values(
         }
     }
     crossing
+}
+
+/// For each position 0..=n in the order, the graph inputs whose values a node at or
+/// behind it reads, directly or through input-only values (a read of a shape alone does
+/// not count: either side recomputes a shape from its own activation).
+fn side_inputs(graph: &Graph, order: &[usize], classes: &Classes) -> Vec<Vec<String>> {
+    let n = order.len();
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (p, &i) in order.iter().enumerate() {
+        let node = &graph.nodes[i];
+        for (k, v) in node.inputs.iter().enumerate() {
+            if is_metadata_input(node, k) {
+                continue;
+            }
+            for root in classes.input_only.get(v).into_iter().flatten() {
+                last.insert(root.as_str(), p);
+            }
+        }
+    }
+    for out in &graph.outputs {
+        for root in classes.input_only.get(&out.name).into_iter().flatten() {
+            last.insert(root.as_str(), n);
+        }
+    }
+    (0..=n)
+        .map(|p| {
+            // In the graph's input order, for a stable listing.
+            graph
+                .inputs
+                .iter()
+                .filter(|v| last.get(v.name.as_str()).is_some_and(|&l| l >= p))
+                .map(|v| v.name.clone())
+                .collect()
+        })
+        .collect()
 }
 
 fn layer_name(parameter_names: &[String], first: &Node) -> String {

@@ -212,6 +212,7 @@ pub fn notes(model: &Model) -> Vec<String> {
             constants.join(", ")
         ));
     }
+    notes.extend(crate::text_inputs::notes(model));
     if batch::exported_batch(model).is_some() {
         notes.push(match batch::batch_fixed_by(model) {
             None => "the file fixes the batch at 1 (exported without a dynamic batch axis); the import made it \

@@ -25,6 +25,7 @@ pub mod save;
 pub mod sequence;
 pub mod sort;
 pub mod tensor;
+pub mod text_inputs;
 pub mod untie;
 pub mod upgrade;
 

@@ -232,40 +232,63 @@ fn a_spelled_out_layer_normalization_starts_its_layer() {
 }
 
 #[test]
-fn a_graph_input_read_behind_a_position_crosses_it() {
-    // A padding mask made from the tokens after the embedding: a cut in front of it would
-    // leave the part behind needing the tokens too, so there is none; reading only the
-    // input's shape (the batch size of a late Reshape) does not count.
-    let nodes = |mask: bool| {
-        let mut v =
-            vec![Node::new("embed", "MatMul", &["x", "we"], &["e"]), Node::new("proj", "MatMul", &["e", "w1"], &["h"])];
-        if mask {
-            v.extend([
-                Node::new("zero", "Constant", &[], &["zero"])
-                    .with_attr("value", Attribute::Tensor(edgefreeze_graph::Tensor::from_f32(vec![], &[0.0]).unwrap())),
-                Node::new("keep", "Greater", &["x", "zero"], &["k"]),
-                Node::new("kf", "Cast", &["k"], &["kf"]).with_attr("to", Attribute::Int(1)),
-                Node::new("masked", "Mul", &["h", "kf"], &["y"]),
-            ]);
-        } else {
-            v.extend([
+fn a_graph_input_read_behind_a_cut_is_its_side_input() {
+    // A padding mask made from the input, read behind the boundary between the two
+    // MatMuls: the cut is kept, and the part behind it is given the input beside the
+    // activation (`side_inputs`) and recomputes the mask, wherever the mask was computed.
+    // Reading only the input's shape (the batch size of a late Reshape) needs no input. A
+    // value drawn at random from the input (Dropout) cannot be recomputed: it crosses, and
+    // the embedding's output is no cut.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Late {
+        MaskBehind,
+        MaskInFront,
+        Shape,
+        Dropout,
+    }
+    let nodes = |late: Late| {
+        let zero = Node::new("zero", "Constant", &[], &["zero"])
+            .with_attr("value", Attribute::Tensor(edgefreeze_graph::Tensor::from_f32(vec![], &[0.0]).unwrap()));
+        let mask = [
+            zero,
+            Node::new("keep", "Greater", &["x", "zero"], &["k"]),
+            Node::new("kf", "Cast", &["k"], &["kf"]).with_attr("to", Attribute::Int(1)),
+        ];
+        let embed = Node::new("embed", "MatMul", &["x", "we"], &["e"]);
+        let proj = Node::new("proj", "MatMul", &["e", "w1"], &["h"]);
+        let masked = Node::new("masked", "Mul", &["h", "kf"], &["y"]);
+        match late {
+            Late::MaskBehind => [vec![embed, proj], mask.to_vec(), vec![masked]].concat(),
+            Late::MaskInFront => [mask.to_vec(), vec![embed, proj, masked]].concat(),
+            Late::Shape => vec![
+                embed,
+                proj,
                 Node::new("shape", "Shape", &["x"], &["s"]),
                 ints("first", &[0]),
                 Node::new("batch", "Gather", &["s", "first"], &["n"]).with_attr("axis", Attribute::Int(0)),
                 ints("rest", &[-1]),
                 Node::new("target", "Concat", &["n", "rest"], &["t"]).with_attr("axis", Attribute::Int(0)),
                 Node::new("flat", "Reshape", &["h", "t"], &["y"]),
-            ]);
+            ],
+            Late::Dropout => vec![Node::new("drop", "Dropout", &["x"], &["kf"]), embed, proj, masked],
         }
-        v
     };
-    for (mask, layers) in [(true, 1), (false, 2)] {
-        let mut m = model(17, vec![input("x", "batch 8")], nodes(mask), &["y"]);
+    for (late, side) in [
+        (Late::MaskBehind, Some(vec!["x"])),
+        (Late::MaskInFront, Some(vec!["x"])),
+        (Late::Shape, Some(vec![])),
+        (Late::Dropout, None),
+    ] {
+        let mut m = model(17, vec![input("x", "batch 8")], nodes(late), &["y"]);
         weight(&mut m, "we", &[8, 8]);
         weight(&mut m, "w1", &[8, 8]);
         let a = edgefreeze_graph::analyse(&prepare(m).unwrap()).unwrap();
-        assert_eq!(a.layers.len(), layers, "mask {mask}");
-        assert_eq!(a.cuts.len(), layers - 1, "mask {mask}");
+        let at_e = a.cuts.iter().find(|c| c.tensor == "e");
+        assert_eq!(
+            at_e.map(|c| c.side_inputs.clone()),
+            side.map(|s| s.iter().map(|v| v.to_string()).collect()),
+            "{late:?}"
+        );
     }
 }
 

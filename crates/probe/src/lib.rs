@@ -178,20 +178,35 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
     let model = edgefreeze_graph::import(model_path).map_err(|e| model_error(&e))?;
     let model_bytes = std::fs::read(model_path).map_err(|e| model_error(&e))?;
     let analysis = edgefreeze_graph::analysis::analyse(&model).map_err(|e| model_error(&e))?;
-    let valid: Vec<usize> = analysis.cuts.iter().map(|c| c.after_layer).collect();
+    // A cut whose back part reads model inputs beside the activation cannot be split:
+    // the edge would need the samples themselves, which stay on the device.
+    let valid: Vec<usize> = analysis.cuts.iter().filter(|c| c.side_inputs.is_empty()).map(|c| c.after_layer).collect();
     let cuts = match &settings.cuts {
         None => valid.clone(),
         Some(cuts) => {
             if let Some(bad) = cuts.iter().find(|c| !valid.contains(c)) {
-                return Err(ProbeError::Config(format!(
-                    "cut {bad} is not a valid cut of the model: valid are {valid:?}"
-                )));
+                let why = match analysis.cuts.iter().find(|c| c.after_layer == *bad) {
+                    Some(c) => format!(
+                        "cut {bad} cannot be split: the part behind it reads the model's input {} as well",
+                        c.side_inputs.join(", ")
+                    ),
+                    None => format!("cut {bad} is not a valid cut of the model"),
+                };
+                return Err(ProbeError::Config(format!("{why}: valid are {valid:?}")));
             }
             cuts.clone()
         }
     };
     if cuts.is_empty() {
-        return Err(model_error(&"the model has no valid cut"));
+        let why = if analysis.cuts.is_empty() {
+            "the model has no valid cut".to_string()
+        } else {
+            format!(
+                "no cut of the model can be split: behind each the model reads its input {} beside the activation",
+                analysis.cuts[0].side_inputs.join(", ")
+            )
+        };
+        return Err(model_error(&why));
     }
     let flops: Vec<u64> = analysis.layers.iter().map(|l| l.flops).collect();
     let mut skipped = Vec::new();

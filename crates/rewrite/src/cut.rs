@@ -37,13 +37,15 @@ pub struct Parts {
     pub cut: Cut,
     /// The model's data inputs → [`ACTIVATION`], with the front layers' initializers.
     pub front: Model,
-    /// [`ACTIVATION`] → the model's first output, with the back layers' initializers.
+    /// [`ACTIVATION`] and the cut's side inputs → the model's first output, with the back
+    /// layers' initializers.
     pub back: Model,
 }
 
 /// Cuts `model` after layer `cut`. The back part must read nothing of the front part
-/// but the activation (a data input, or a value computed from one, is an error naming
-/// the node that reads it).
+/// but the activation and the cut's side inputs, which become graph inputs of the back
+/// beside the activation (another data input, or a value computed from the front, is an
+/// error naming the node that reads it).
 pub fn cut_model(model: &Model, cut: usize) -> Result<Parts> {
     let analysis = analyse(model)?;
     let c = find_cut(&analysis, cut)?.clone();
@@ -59,7 +61,9 @@ pub fn cut_model(model: &Model, cut: usize) -> Result<Parts> {
     // A shape read the rewrite could not rebuild matters only where the back needs it.
     let in_back: HashSet<&str> = back.graph.nodes.iter().map(|n| n.name.as_str()).collect();
     let mut reads: Vec<CrossingRead> = unresolved.into_iter().filter(|r| in_back.contains(r.node.as_str())).collect();
-    let data: Vec<&str> = model.graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    // The back is given the cut's side inputs; any other data input it reads crosses.
+    let data: Vec<&str> =
+        model.graph.inputs.iter().map(|v| v.name.as_str()).filter(|v| !c.side_inputs.iter().any(|s| s == v)).collect();
     if reads.is_empty() {
         for input in back.graph.inputs.iter().filter(|v| data.contains(&v.name.as_str())) {
             for node in back.graph.nodes.iter().filter(|n| n.inputs.contains(&input.name)) {
@@ -115,6 +119,10 @@ fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<(Model, Vec
             data.extend(node.outputs.iter().filter(|o| !o.is_empty()).cloned());
         }
     }
+    // The back recomputes what it needs of the side inputs and values computed from them
+    // alone, so reading their shapes is no read of the front.
+    let input_only = edgefreeze_graph::analysis::input_only_values(graph);
+    let recomputed = |v: &str| input_only.get(v).is_some_and(|roots| roots.iter().all(|r| cut.side_inputs.contains(r)));
     let front_data: HashSet<&str> = graph
         .nodes
         .iter()
@@ -122,7 +130,7 @@ fn read_metadata_from_activation(model: &Model, cut: &Cut) -> Result<(Model, Vec
         .filter(|(i, _)| front[*i])
         .flat_map(|(_, n)| n.outputs.iter())
         .chain(graph.inputs.iter().map(|v| &v.name))
-        .filter(|v| data.contains(*v) && **v != cut.tensor)
+        .filter(|v| data.contains(*v) && **v != cut.tensor && !recomputed(v))
         .map(String::as_str)
         .collect();
     let reads_front_metadata = |node: &Node| {

@@ -60,6 +60,23 @@ pub enum RewriteError {
         /// The parameter.
         name: String,
     },
+    /// A device/edge split at a cut whose back part reads graph inputs beside the
+    /// activation: the edge would need the samples themselves, which split training keeps
+    /// on the device (the protocol sends activations and labels, never samples).
+    #[error(
+        "cut {cut}: the part behind it reads the model's input {} as well, so the edge would need the samples \
+         themselves, which split training keeps on the device; split at a cut without side inputs ({})",
+        .inputs.join(", "),
+        if .splittable.is_empty() { "this model has none".to_string() } else { format!("valid: {}", format_list(.splittable)) }
+    )]
+    SideInputs {
+        /// The cut.
+        cut: usize,
+        /// The graph inputs the back reads.
+        inputs: Vec<String>,
+        /// The cuts the split can take.
+        splittable: Vec<usize>,
+    },
     /// A value asked for as an output is not computed by the model.
     #[error("no node computes {0:?}")]
     NoValue(String),

@@ -98,8 +98,8 @@ pub fn prefix_graph(model: &Model, cut: usize) -> Result<Model> {
     inference_forward(&parts.front, "prefix", ACTIVATION)
 }
 
-/// The suffix training step of the pair at cut `cut`: ([`ACTIVATION`], labels, learning
-/// rate, (step), back parameters, their optimizer state, back running statistics) →
+/// The suffix training step of the pair at cut `cut`: ([`ACTIVATION`], the cut's side
+/// inputs, labels, learning rate, (step), back parameters, their optimizer state, back running statistics) →
 /// (loss, correct, `updated.*` of the back's parameters, state and statistics). Run after
 /// [`prefix_graph`] it makes the same step as [`frozen_prefix_step`] with
 /// `frozen_layers = cut + 1`.
@@ -154,6 +154,10 @@ pub struct CacheManifest {
     pub activation: Port,
     /// Bytes per sample of one cached activation.
     pub bytes_per_sample: u64,
+    /// The model inputs the suffix step reads beside the activation (the cut's side
+    /// inputs): fed from the batch, never cached.
+    #[serde(default)]
+    pub side_inputs: Vec<Port>,
     /// The prefix graph.
     pub prefix: GraphEntry,
     /// The suffix step.
@@ -181,6 +185,13 @@ pub fn cached_pair(model: &Model, cut: usize, spec: &StepSpec) -> Result<CachedP
         cut,
         activation: activation.ok_or_else(|| RewriteError::NoValue(ACTIVATION.into()))?,
         bytes_per_sample: parts.cut.bytes_per_sample,
+        side_inputs: suffix_step
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| parts.cut.side_inputs.contains(&v.name))
+            .map(port)
+            .collect(),
         prefix: graph_entry(cache_files::PREFIX, &prefix),
         suffix_step: graph_entry(cache_files::SUFFIX_STEP, &suffix_step),
     };

@@ -139,6 +139,19 @@ pub struct SplitGraphs {
 /// [`GRAD_SCALE`] (feed 1/M) before the optimizer step.
 pub fn split(model: &Model, cut: usize, spec: &StepSpec, options: SplitOptions) -> Result<SplitGraphs> {
     let parts = cut_model(model, cut)?;
+    if !parts.cut.side_inputs.is_empty() {
+        return Err(RewriteError::SideInputs {
+            cut,
+            inputs: parts.cut.side_inputs.clone(),
+            splittable: parts
+                .analysis
+                .cuts
+                .iter()
+                .filter(|c| c.side_inputs.is_empty())
+                .map(|c| c.after_layer)
+                .collect(),
+        });
+    }
     check_disjoint(&parts)?;
     let device_params = split_parameters(&parts.front, &[])?;
     let edge_params = split_parameters(&parts.back, &[])?;

@@ -280,11 +280,10 @@ fn every_state_tensor_has_a_layer_and_roles_keep_their_json_names() {
 }
 
 /// Models we did not write (tests/fixtures/zoo, both exporters): prefix then suffix is
-/// the frozen step at the first cut and a middle one, on both engines.
-/// Fixtures with no cut (`uncut`) are listed with the reason and checked to have none, so
-/// that a cut found later gets its test.
+/// the frozen step at the first cut and a middle one, on both engines. Where a cut has
+/// side inputs (GPT-2, Llama, the padding masks) the suffix reads the token ids too.
 macro_rules! zoo_cached_pair_tests {
-    (uncut: [$($uncut:literal),*]; $($name:ident => $stem:literal;)*) => {
+    ($($name:ident => $stem:literal;)*) => {
         $(#[test] fn $name() {
             let m = zoo($stem);
             let cuts: Vec<usize> = analyse(&m).unwrap().cuts.iter().map(|c| c.after_layer).collect();
@@ -294,22 +293,14 @@ macro_rules! zoo_cached_pair_tests {
         #[test]
         fn every_zoo_fixture_has_a_cached_pair_test() {
             let tested = [$($stem),*];
-            let uncut: Vec<&str> = vec![$($uncut),*];
             for stem in zoo_fixtures() {
-                assert!(tested.contains(&stem.as_str()) || uncut.contains(&stem.as_str()), "{stem} has no cached-pair test");
-            }
-            for stem in uncut {
-                assert_eq!(analyse(&zoo(stem)).unwrap().cuts.len(), 0, "{stem} has cuts now: give it a cached-pair test");
+                assert!(tested.contains(&stem.as_str()), "{stem} has no cached-pair test");
             }
         }
     };
 }
 
 zoo_cached_pair_tests! {
-    // GPT-2 and Llama classify from the last token that is not padding: the token ids are
-    // read at the very end, so they cross every position beside the hidden states, and a
-    // cut carries one tensor. These models are one layer (docs/coverage.md).
-    uncut: ["hf_gpt2.dynamo", "hf_gpt2.ts", "hf_llama.dynamo"];
     cached_pair_zoo_convnext_mini_dynamo => "convnext_mini.dynamo";
     cached_pair_zoo_efficientnet_b0_ts => "efficientnet_b0_025.ts";
     cached_pair_zoo_mobilenet_v3_small_dynamo => "mobilenet_v3_small_025.dynamo";
@@ -326,4 +317,28 @@ zoo_cached_pair_tests! {
     cached_pair_zoo_ops_mini_dynamo => "ops_mini.dynamo";
     cached_pair_zoo_hf_bert_ts => "hf_bert.ts";
     cached_pair_zoo_hf_roberta_dynamo => "hf_roberta.dynamo";
+    cached_pair_zoo_hf_gpt2_dynamo => "hf_gpt2.dynamo";
+    cached_pair_zoo_hf_gpt2_ts => "hf_gpt2.ts";
+    cached_pair_zoo_hf_llama_dynamo => "hf_llama.dynamo";
+}
+
+#[test]
+fn a_suffix_behind_a_cut_with_side_inputs_takes_them_and_the_manifest_says_so() {
+    // GPT-2 reads the token ids at its very end (the last real token's logits).
+    let m = zoo("hf_gpt2.dynamo");
+    let analysis = analyse(&m).unwrap();
+    let ids = m.graph.inputs[0].name.clone();
+    let cut = &analysis.cuts[0];
+    assert_eq!(cut.side_inputs, std::slice::from_ref(&ids));
+    let pair = edgefreeze_rewrite::cached_pair(&m, cut.after_layer, &spec()).unwrap();
+    let suffix_inputs = inputs(&pair.suffix_step);
+    assert!(suffix_inputs.contains(&ids) && suffix_inputs.contains(&ACTIVATION.to_string()));
+    let side: Vec<&str> = pair.manifest.side_inputs.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(side, [ids.as_str()]);
+    assert_eq!(pair.manifest.side_inputs[0].dtype, "i64");
+    // A cut without side inputs reads the activation alone.
+    let bert = zoo("hf_bert.ts");
+    let pair = edgefreeze_rewrite::cached_pair(&bert, analyse(&bert).unwrap().cuts[0].after_layer, &spec()).unwrap();
+    assert!(pair.manifest.side_inputs.is_empty());
+    assert!(!inputs(&pair.suffix_step).iter().any(|i| bert.graph.inputs.iter().any(|v| &v.name == i)));
 }

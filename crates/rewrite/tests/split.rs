@@ -12,8 +12,8 @@ use edgefreeze_autodiff::{Loss, Objective, Optimizer, StepOptions, step_graph, u
 use edgefreeze_engine::{EngineKind, Value};
 use edgefreeze_graph::{Model, analyse};
 use edgefreeze_rewrite::{
-    ACTIVATION, GraphRole, STASH_PREFIX, SplitGraphs, SplitOptions, StepSpec, frozen_prefix_step, grad_activation_name,
-    split,
+    ACTIVATION, GraphRole, RewriteError, STASH_PREFIX, SplitGraphs, SplitOptions, StepSpec, frozen_prefix_step,
+    grad_activation_name, split,
 };
 use ndarray::{ArrayD, IxDyn};
 use std::collections::{HashMap, HashSet};
@@ -435,30 +435,56 @@ fn split_with_dropout_on_both_sides_draws_the_masks_of_the_whole_graph() {
 /// cut where the part behind reads the shape of a front value that symbolic inference
 /// cannot name (attention heads as `B·heads`, windows as `B·windows`, an activation whose
 /// batch inference lost), which the split rebuilds from the activation's batch.
-/// Fixtures with no cut (`uncut`) are checked to have none, so that a cut found later gets
-/// its test.
+/// Fixtures whose every cut has side inputs (`unsplittable`: the part behind reads the
+/// token ids as well, which the split does not send) are checked to be refused at each,
+/// naming the input, so that a cut without side inputs found later gets its test.
 macro_rules! zoo_split_tests {
-    (uncut: [$($uncut:literal),*]; $($name:ident => $stem:expr, $cuts:expr;)*) => {
-        $(#[test] fn $name() { check($stem, &zoo($stem), &$cuts); })*
+    (unsplittable: [$($unsplittable:literal),*]; $($name:ident => $stem:expr, $cuts:expr;)*) => {
+        $(#[test] fn $name() {
+            let m = zoo($stem);
+            let analysis = analyse(&m).unwrap();
+            for cut in $cuts {
+                let c = analysis.cuts.iter().find(|c| c.after_layer == cut).unwrap();
+                assert!(c.side_inputs.is_empty(), "{} cut {cut} has side inputs {:?}", $stem, c.side_inputs);
+            }
+            check($stem, &m, &$cuts);
+        })*
 
         #[test]
         fn every_zoo_fixture_has_a_split_test() {
             let tested: Vec<&str> = vec![$($stem),*];
-            let uncut: Vec<&str> = vec![$($uncut),*];
+            let unsplittable: Vec<&str> = vec![$($unsplittable),*];
             for stem in zoo_fixtures() {
-                assert!(tested.contains(&stem.as_str()) || uncut.contains(&stem.as_str()), "{stem} has no split test");
+                assert!(
+                    tested.contains(&stem.as_str()) || unsplittable.contains(&stem.as_str()),
+                    "{stem} has no split test"
+                );
             }
-            for stem in uncut {
-                assert_eq!(analyse(&zoo(stem)).unwrap().cuts.len(), 0, "{stem} has cuts now: give it a split test");
+            for stem in unsplittable {
+                let m = zoo(stem);
+                let analysis = analyse(&m).unwrap();
+                assert!(!analysis.cuts.is_empty(), "{stem}");
+                for c in &analysis.cuts {
+                    assert!(!c.side_inputs.is_empty(), "{stem}: cut {} can be split now: give it a split test", c.after_layer);
+                    let err = split(&m, c.after_layer, &spec(), SplitOptions::default()).unwrap_err();
+                    let text = err.to_string();
+                    assert!(
+                        matches!(&err, RewriteError::SideInputs { splittable, .. } if splittable.is_empty())
+                            && text.contains(&c.side_inputs[0])
+                            && text.contains("this model has none"),
+                        "{stem} cut {}: {text}",
+                        c.after_layer
+                    );
+                }
             }
         }
     };
 }
 
 zoo_split_tests! {
-    // The token ids cross every position of these (the classifier reads the last real
-    // token): one layer, no cut (as in frozen.rs).
-    uncut: ["hf_gpt2.dynamo", "hf_gpt2.ts", "hf_llama.dynamo"];
+    // GPT-2 and Llama classify from the last token that is not padding: the part behind
+    // every cut reads the token ids too (as in frozen.rs).
+    unsplittable: ["hf_gpt2.dynamo", "hf_gpt2.ts", "hf_llama.dynamo"];
     split_zoo_convnext_mini_dynamo => "convnext_mini.dynamo", [3, 5];
     split_zoo_efficientnet_b0_ts => "efficientnet_b0_025.ts", [13, 27];
     split_zoo_mobilenet_v3_small_dynamo => "mobilenet_v3_small_025.dynamo", [11, 22];
@@ -468,13 +494,32 @@ zoo_split_tests! {
     split_zoo_swin_mini_dynamo => "swin_mini.dynamo", [4, 8];
     split_zoo_swin_mini_ts => "swin_mini.ts", [2, 6];
     split_zoo_tfenc_bf_pre_gelu_ts => "tfenc_bf_pre_gelu.ts", [1, 2, 3];
-    split_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo", [0, 1];
-    split_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts", [1, 2];
+    // The padding mask is read up to the second encoder layer's attention: the cuts in
+    // front of it have the tokens as a side input.
+    split_zoo_tfenc_bf_pre_gelu_mask_dynamo => "tfenc_bf_pre_gelu_mask.dynamo", [3, 4];
+    split_zoo_tfenc_sf_post_relu_mask_ts => "tfenc_sf_post_relu_mask.ts", [6, 7];
     split_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx", [0, 1];
     split_zoo_ops_mini_ts => "ops_mini.ts", [0, 1];
     split_zoo_ops_mini_dynamo => "ops_mini.dynamo", [0, 1];
     split_zoo_hf_bert_ts => "hf_bert.ts", [3, 7];
-    split_zoo_hf_roberta_dynamo => "hf_roberta.dynamo", [1, 5];
+    split_zoo_hf_roberta_dynamo => "hf_roberta.dynamo", [3, 7];
+}
+
+#[test]
+fn a_cut_with_side_inputs_is_refused_naming_the_input_and_the_cuts_that_split() {
+    // RoBERTa computes its position ids from the token ids, which the position embedding,
+    // behind cut 0, reads.
+    let m = zoo("hf_roberta.dynamo");
+    let analysis = analyse(&m).unwrap();
+    let ids = m.graph.inputs[0].name.clone();
+    assert_eq!(analysis.cuts[0].side_inputs, std::slice::from_ref(&ids));
+    let err = split(&m, 0, &spec(), SplitOptions::default()).unwrap_err();
+    let RewriteError::SideInputs { cut, inputs, splittable } = &err else { panic!("{err}") };
+    assert_eq!((*cut, inputs.as_slice()), (0, [ids].as_slice()));
+    let expected: Vec<usize> =
+        analysis.cuts.iter().filter(|c| c.side_inputs.is_empty()).map(|c| c.after_layer).collect();
+    assert_eq!(splittable, &expected);
+    assert!(err.to_string().contains(&format!("valid: {}", expected[0])), "{err}");
 }
 
 #[test]
@@ -484,16 +529,22 @@ fn the_freeze_aware_split_of_zoo_models_is_the_frozen_prefix_step() {
     }
 }
 
-/// Every cut `analyse` (so `edgefreeze inspect`) lists as valid splits, on every zoo
-/// fixture: a user never meets a cut that inspect offers and the split refuses.
+/// Every cut `analyse` (so `edgefreeze inspect`) lists without side inputs splits, on
+/// every zoo fixture: a user never meets a cut that inspect offers for the split and the
+/// split refuses; a cut with side inputs (marked so by inspect) is refused as such.
 #[test]
 fn every_listed_cut_of_every_zoo_fixture_splits() {
     let mut failures = Vec::new();
     for stem in zoo_fixtures() {
         let m = zoo(&stem);
-        for cut in analyse(&m).unwrap().cuts.iter().map(|c| c.after_layer) {
-            if let Err(e) = split(&m, cut, &spec(), SplitOptions::default()) {
-                failures.push(format!("{stem} cut {cut}: {e}"));
+        for c in analyse(&m).unwrap().cuts {
+            match split(&m, c.after_layer, &spec(), SplitOptions::default()) {
+                Err(RewriteError::SideInputs { .. }) if !c.side_inputs.is_empty() => {}
+                Err(e) => failures.push(format!("{stem} cut {}: {e}", c.after_layer)),
+                Ok(_) if !c.side_inputs.is_empty() => {
+                    failures.push(format!("{stem} cut {}: split with side inputs", c.after_layer))
+                }
+                Ok(_) => {}
             }
         }
     }

@@ -185,7 +185,16 @@ pub fn prepare_run(source: &ModelSource, data: &str, recipe: &Recipe) -> Result<
         ModelSource::Onnx { path, loss, optimizer, freeze } => {
             let loss_fn = parse_loss(loss)?;
             let (opt, lr) = parse_optimizer(optimizer)?;
-            let imported = edgefreeze_graph::import(path)?;
+            let mut imported = edgefreeze_graph::import(path)?;
+            // A text model's mask (and token types, positions) beside its token ids is a
+            // function of the ids and the dataset's padding: computed in the graph, so
+            // the model takes the ids alone, as `train` feeds them.
+            if let Some(pad) = edgefreeze_data::named::padding_id(data)
+                && let Some((derived, _)) =
+                    edgefreeze_graph::text_inputs::derive_from_token_ids(&imported, pad).map_err(|e| e.in_file(path))?
+            {
+                imported = derived;
+            }
             let spec = TrainingSpec { loss: loss_fn, optimizer: opt, frozen: Vec::new() };
             let source = path.display().to_string();
             let artifacts = convert(&imported, &source, &spec, *freeze, (loss, optimizer, lr))?;

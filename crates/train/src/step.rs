@@ -219,6 +219,9 @@ impl StepRunner {
             (Loaded::Cached { prefix, suffix, activation, sample_shape, store }, _) => {
                 let names = (self.input.as_str(), activation.as_str());
                 let act = cached_activation(ws, prefix, names, input, sample_shape, indices, store.as_mut())?;
+                // A suffix behind a cut with side inputs reads the batch's input too.
+                let mut common = common.to_vec();
+                common.push((self.input.as_str(), input));
                 run(ws, suffix, (activation.as_str(), &act), &common)?
             }
         };

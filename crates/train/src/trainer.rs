@@ -571,12 +571,12 @@ fn data_input(manifest: &Manifest) -> Result<String> {
             "the model has {} data inputs ({}); edgefreeze train feeds exactly one{}",
             many.len(),
             many.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
-            // Hugging Face exports often add the mask (and token types) the model would
-            // otherwise build itself from the token ids.
+            // Hugging Face exports add the mask (and token types) beside the token ids;
+            // `prepare_run` computes them from the ids when it imports an .onnx file for a
+            // text dataset, so only a converted folder or other inputs get here.
             if many.iter().any(|p| p.name.contains("attention_mask") || p.name.contains("token_type_ids")) {
-                ": export a Hugging Face model with its token ids alone (wrap it so that forward(input_ids) \
-                 returns model(input_ids=input_ids).logits); it then builds its own mask, which lets it attend \
-                 to the padding too"
+                ": train the .onnx file itself on a text dataset (edgefreeze then computes attention_mask, \
+                 token_type_ids and position_ids from input_ids), or export the model with its token ids alone"
             } else {
                 ""
             }
