@@ -154,6 +154,8 @@ zoo_tests! {
     keras_through_tf2onnx: "keras_cnn.tf2onnx",
     timm_ops_torchscript: "ops_mini.ts",
     timm_ops_dynamo: "ops_mini.dynamo",
+    resize_modes_torchscript: "resize_mini.ts",
+    resize_modes_dynamo: "resize_mini.dynamo",
     huggingface_bert_torchscript: "hf_bert.ts",
     huggingface_roberta_dynamo: "hf_roberta.dynamo",
     huggingface_gpt2_torchscript: "hf_gpt2.ts",

@@ -187,6 +187,53 @@ TIMM = [
 ]
 
 
+# torchvision's segmentation models (bilinear upsampling: Resize in linear mode), random
+# weights, 10 classes, through a head that averages each class's map to one logit, so that
+# the classification loss reaches every pixel; and its video classifiers (Conv3d,
+# BatchNorm3d, 3-D pooling) on clips of 4 frames: (name, input side).
+SEGMENTATION = [("fcn_resnet50", 64), ("deeplabv3_mobilenet_v3_large", 64), ("deeplabv3_resnet50", 64),
+                ("lraspp_mobilenet_v3_large", 64)]
+# (S3D is left out: its last pooling needs clips of 16 frames at 224×224, too large for
+# this machine's float64 reference.)
+VIDEO = [("r3d_18", 32), ("mc3_18", 32), ("r2plus1d_18", 32)]
+FRAMES = {}  # frames per clip where not 4
+
+
+class MapsToLogits(nn.Module):
+    """A segmentation model's per-pixel class scores, averaged over the image."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"].mean(dim=(2, 3))
+
+
+class ResizeMini(nn.Module):
+    """The Resize modes torchvision and timm models write beyond nearest upsampling by whole
+    numbers: bilinear (align_corners False and True), bicubic, nearest to a fractional size,
+    a bilinear downsampling, in one small network."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.conv3 = nn.Conv2d(6, 6, 3, padding=1)
+        self.fc = nn.Linear(6, NUM_CLASSES)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)
+        x = F.gelu(self.conv2(x))
+        x = F.interpolate(x, size=(11, 13), mode="bilinear", align_corners=True)
+        x = F.interpolate(x, scale_factor=1.5, mode="bicubic", align_corners=False)
+        x = F.gelu(self.conv3(x))
+        x = F.interpolate(x, size=(7, 9), mode="nearest")
+        x = F.interpolate(x, scale_factor=0.5, mode="bilinear", align_corners=False)
+        return self.fc(x.mean(dim=(2, 3)))
+
+
 def timm_model(name: str, side: int) -> nn.Module:
     import timm
 
@@ -243,6 +290,8 @@ def small_model(name: str):
         return squeezenet_mini()
     if name == "ops_mini":
         return OpsMini()
+    if name == "resize_mini":
+        return ResizeMini()
     if name == "shufflenet_v2_mini":
         return ShuffleNetV2([2, 2, 2], [8, 16, 32, 64, 128], num_classes=NUM_CLASSES)
     if name == "mobilenet_v3_small_025":
@@ -286,6 +335,9 @@ FIXTURES = [
     # timm sweep met them (InstanceNormalization, Resize, Tile, ReduceL2).
     ("ops_mini", "ts", 16),
     ("ops_mini", "dynamo", 16),
+    # Bilinear, bicubic and fractional nearest Resize (segmentation models' upsampling).
+    ("resize_mini", "ts", 16),
+    ("resize_mini", "dynamo", 16),
     ("hf_bert", "ts", None),
     ("hf_roberta", "dynamo", None),
     ("hf_gpt2", "ts", None),
@@ -310,6 +362,21 @@ def build(name: str, seed: int = DATA_SEED):
         redraw_norms(model)
         rs = np.random.RandomState(seed)
         return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
+    if name.startswith("seg_") or name.startswith("video_"):
+        import torchvision
+
+        family, base = name.split("_", 1)
+        side = SIDE or dict(SEGMENTATION + VIDEO)[base]
+        kwargs = {"weights": None, "num_classes": NUM_CLASSES}
+        if family == "seg":
+            kwargs["weights_backbone"] = None
+        model = torchvision.models.get_model(base, **kwargs)
+        if family == "seg":
+            model = MapsToLogits(model)
+        redraw_norms(model)
+        rs = np.random.RandomState(seed)
+        dims = (BATCH, 3, side, side) if family == "seg" else (BATCH, 3, FRAMES.get(base, 4), side, side)
+        return model, torch.from_numpy(rs.standard_normal(dims).astype(np.float32))
     if name.startswith("hf_"):
         model = TokensToLogits(huggingface(name))
         redraw_norms(model)
@@ -1222,7 +1289,8 @@ def main():
                 row = {"model": name, "exporter": exporter,
                        "export": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
                 traceback.print_exc()
-            sides = dict(TORCHVISION) | {f"timm_{n}": v for n, v in TIMM}
+            sides = (dict(TORCHVISION) | {f"timm_{n}": v for n, v in TIMM} | {f"seg_{n}": v for n, v in SEGMENTATION}
+                     | {f"video_{n}": f"{FRAMES.get(n, 4)}×{v}" for n, v in VIDEO} | FIXTURE_SIDES)
             row["input"] = (SIDE if SIDE and name in sides else None) or sides.get(name, f"{SEQ} tokens")
             row["sweep_s"] = time.time() - t0
             rows.append(row)

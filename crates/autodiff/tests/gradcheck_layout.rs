@@ -553,11 +553,181 @@ fn nearest_upsampling_sums_each_block_back() {
     check(by_size, vec![param(&mut rng, &[1, 2, 2, 2]), empty(), empty(), ints(&[1, 2, 4, 6])], 17);
 }
 
+/// A `Resize` node of the given mode attributes (scales as input 2, sizes as input 3).
+fn resize_node(attributes: &[(&str, &str)], by_sizes: bool) -> Node {
+    let inputs: &[&str] = if by_sizes { &["x", "", "", "sizes"] } else { &["x", "", "scales"] };
+    let mut node = Node::new("Resize", "Resize", inputs, &["out0"]);
+    for (name, value) in attributes {
+        node = match *name {
+            "cubic_coeff_a" => node.with_attr(name, Attribute::Float(value.parse().unwrap())),
+            "exclude_outside" => node.with_attr(name, Attribute::Int(value.parse().unwrap())),
+            _ => node.with_attr(name, Attribute::String(value.as_bytes().to_vec())),
+        };
+    }
+    node
+}
+
+/// How a `Resize` gives its output size.
+#[derive(Debug, Clone)]
+enum Target {
+    Scales(Vec<f64>),
+    Sizes(Vec<i64>),
+}
+use Target::{Scales, Sizes};
+
+/// A resize: its attributes, the input's dims and the output's scales or sizes.
+type ResizeCase = (Vec<(&'static str, &'static str)>, Vec<usize>, Target);
+
+/// The resizes PyTorch and other exporters write beyond whole-number nearest upsampling.
+fn resize_cases() -> Vec<ResizeCase> {
+    let linear = |c: &'static str| vec![("mode", "linear"), ("coordinate_transformation_mode", c)];
+    vec![
+        // F.interpolate(mode="bilinear", align_corners=False), both exporters' spellings.
+        (linear("half_pixel"), vec![1, 2, 3, 4], Scales(vec![1.0, 1.0, 2.0, 2.0])),
+        (linear("pytorch_half_pixel"), vec![2, 1, 3, 3], Sizes(vec![2, 1, 5, 7])),
+        // align_corners=True; a downsampling.
+        (linear("align_corners"), vec![1, 2, 4, 3], Sizes(vec![1, 2, 7, 2])),
+        (linear("half_pixel"), vec![1, 1, 6, 4], Scales(vec![1.0, 1.0, 0.5, 0.5])),
+        // bicubic (A = -0.75, as PyTorch), and ONNX's default A with exclude_outside.
+        (
+            vec![
+                ("mode", "cubic"),
+                ("coordinate_transformation_mode", "pytorch_half_pixel"),
+                ("cubic_coeff_a", "-0.75"),
+            ],
+            vec![1, 2, 4, 4],
+            Scales(vec![1.0, 1.0, 2.0, 2.0]),
+        ),
+        (
+            vec![
+                ("mode", "cubic"),
+                ("coordinate_transformation_mode", "asymmetric"),
+                ("cubic_coeff_a", "-0.5"),
+                ("exclude_outside", "1"),
+            ],
+            vec![1, 1, 5, 3],
+            Sizes(vec![1, 1, 8, 4]),
+        ),
+        // Nearest by a fraction, each rounding.
+        (
+            vec![
+                ("mode", "nearest"),
+                ("coordinate_transformation_mode", "half_pixel"),
+                ("nearest_mode", "round_prefer_floor"),
+            ],
+            vec![1, 2, 4, 4],
+            Scales(vec![1.0, 1.0, 1.5, 1.5]),
+        ),
+        (
+            vec![("mode", "nearest"), ("coordinate_transformation_mode", "asymmetric"), ("nearest_mode", "ceil")],
+            vec![1, 1, 5, 4],
+            Sizes(vec![1, 1, 3, 6]),
+        ),
+        // 1-D (a sequence), and 3-D (a video) where a resized axis is neither of the last two.
+        (linear("half_pixel"), vec![2, 3, 5], Scales(vec![1.0, 1.0, 2.0])),
+        (linear("align_corners"), vec![1, 1, 2, 3, 2], Sizes(vec![1, 1, 4, 3, 3])),
+    ]
+}
+
 #[test]
-fn other_resizes_are_refused_naming_the_mode() {
-    let linear = Node::new("up", "Resize", &["x", "", "scales"], &["y"])
-        .with_attr("mode", Attribute::String(b"linear".to_vec()));
-    let mut graph = edgefreeze_graph::ir::Graph { name: "linear".into(), ..Default::default() };
+fn every_resize_mode_is_a_linear_map_whose_transpose_is_the_gradient() {
+    let mut rng = Rng::new(27);
+    for (attributes, dims, how) in resize_cases() {
+        let empty = || Input::Const(Tensor::from_f32(vec![0], &[]).unwrap());
+        let mut inputs = vec![param(&mut rng, &dims), empty()];
+        match &how {
+            Scales(scales) => {
+                inputs.push(Input::Const(Tensor::from_f64_as(DataType::Float32, vec![scales.len()], scales).unwrap()))
+            }
+            Sizes(sizes) => {
+                inputs.push(empty());
+                inputs.push(ints(sizes));
+            }
+        }
+        check(resize_node(&attributes, matches!(how, Sizes(_))), inputs, 19);
+    }
+}
+
+#[test]
+fn the_engines_resize_as_the_gradient_assumes() {
+    // The gradient is the transpose of the matrices `resize_axes` builds; the forward is
+    // the engine's own Resize. Both engines must compute those matrices' products.
+    use edgefreeze_engine::{EngineKind, Provider, Value};
+    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    let mut failures = Vec::new();
+    for (attributes, dims, how) in resize_cases() {
+        let node = resize_node(&attributes, matches!(how, Sizes(_)));
+        let mut graph = Graph { name: "resize".into(), ..Default::default() };
+        graph.inputs.push(ValueInfo::new("x", DataType::Float32, dims.iter().map(|&d| Dim::Fixed(d)).collect()));
+        let (scales, sizes) = match &how {
+            Scales(s) => (Some(s.clone()), None),
+            Sizes(s) => (None, Some(s.iter().map(|&n| Some(n)).collect())),
+        };
+        // Constants, as the exporters write them (a float initializer would be a parameter).
+        let (name, value) = match &how {
+            Scales(s) => ("scales", Tensor::from_f64_as(DataType::Float32, vec![s.len()], s).unwrap()),
+            Sizes(s) => ("sizes", Tensor::from_i64(vec![s.len()], s).unwrap()),
+        };
+        graph.nodes.push(Node::new(name, "Constant", &[], &[name]).with_attr("value", Attribute::Tensor(value)));
+        graph.nodes.push(node.clone());
+        graph.outputs.push(ValueInfo { name: "out0".into(), dtype: None, shape: None, doc_string: String::new() });
+        let model = edgefreeze_graph::prepare(Model {
+            ir_version: 9,
+            opset_imports: vec![(String::new(), 19)],
+            graph,
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("{attributes:?}: {e}"));
+        let shape: Vec<Dim> = dims.iter().map(|&d| Dim::Fixed(d)).collect();
+        let axes = edgefreeze_graph::infer::resize_axes(&node, &shape, scales, sizes).unwrap();
+        // The expected output: each axis's matrix applied in turn (in f64).
+        let n: usize = dims.iter().product();
+        let x: Vec<f64> = (0..n).map(|i| ((i * 37 % 29) as f64 - 14.0) / 7.0).collect();
+        let mut expected = ndarray::ArrayD::from_shape_vec(dims.clone(), x.clone()).unwrap();
+        for (a, axis) in axes.iter().enumerate() {
+            let (output, input, w) = axis.matrix(dims[a]);
+            let mut out_dims = expected.shape().to_vec();
+            out_dims[a] = output;
+            let mut next = ndarray::ArrayD::<f64>::zeros(out_dims);
+            for (index, v) in next.indexed_iter_mut() {
+                let mut from = index.clone();
+                *v = (0..input)
+                    .map(|i| {
+                        from[a] = i;
+                        w[index[a] * input + i] * expected[&from]
+                    })
+                    .sum();
+            }
+            expected = next;
+        }
+        let value =
+            Value::F32(ndarray::ArrayD::from_shape_vec(dims.clone(), x.iter().map(|&v| v as f32).collect()).unwrap());
+        let bytes = edgefreeze_graph::save::encode_model(&model);
+        for kind in [EngineKind::Ort(Provider::Cpu), EngineKind::Tract] {
+            let got =
+                edgefreeze_engine::load(&kind, &bytes, &Default::default()).and_then(|mut s| s.run(&[("x", &value)]));
+            match got {
+                Ok(out) => {
+                    let got = out[0].as_f32().unwrap();
+                    let worst =
+                        got.iter().zip(expected.iter()).map(|(g, e)| (f64::from(*g) - e).abs()).fold(0.0, f64::max);
+                    if got.shape() != expected.shape() || worst > 1e-5 {
+                        failures.push(format!("{kind} {attributes:?} {dims:?}: {:?} off by {worst:.2e}", got.shape()));
+                    }
+                }
+                Err(e) => failures.push(format!("{kind} {attributes:?} {dims:?}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn resizes_the_table_does_not_take_are_refused_naming_the_mode() {
+    let crop = Node::new("up", "Resize", &["x", "", "scales"], &["y"])
+        .with_attr("mode", Attribute::String(b"linear".to_vec()))
+        .with_attr("coordinate_transformation_mode", Attribute::String(b"tf_crop_and_resize".to_vec()));
+    let mut graph = edgefreeze_graph::ir::Graph { name: "crop".into(), ..Default::default() };
     graph.inputs.push(edgefreeze_graph::ir::ValueInfo::new(
         "x",
         DataType::Float32,
@@ -569,7 +739,7 @@ fn other_resizes_are_refused_naming_the_mode() {
         ],
     ));
     graph.initializers.insert("scales".into(), Tensor::from_f32(vec![4], &[1.0, 1.0, 2.0, 2.0]).unwrap());
-    graph.nodes.push(linear);
+    graph.nodes.push(crop);
     graph.outputs.push(edgefreeze_graph::ir::ValueInfo {
         name: "y".into(),
         dtype: None,
@@ -583,5 +753,73 @@ fn other_resizes_are_refused_naming_the_mode() {
         ..Default::default()
     };
     let err = edgefreeze_graph::prepare(model).unwrap_err().to_string();
-    assert!(err.contains("\"up\"") && err.contains("\"linear\""), "{err}");
+    assert!(err.contains("\"up\"") && err.contains("\"tf_crop_and_resize\""), "{err}");
+}
+
+#[test]
+fn a_resize_gradient_behind_a_mean_is_the_same_on_both_engines() {
+    // A mean right after the resize makes dY a broadcast: along one resized axis (a mean
+    // over the width), or both. tract's optimiser rewrites a product of a broadcast; the
+    // gradient must come out as ONNX Runtime's either way.
+    use edgefreeze_engine::{EngineKind, Provider, Value};
+    use edgefreeze_graph::ir::{Dim, Graph, Model, ValueInfo};
+    for axes in [vec![3i64], vec![2, 3], vec![2]] {
+        let mut graph = Graph { name: "resize_mean".into(), ..Default::default() };
+        graph.inputs.push(ValueInfo::new(
+            "x",
+            DataType::Float32,
+            vec![Dim::Symbol("batch".into()), Dim::Fixed(2), Dim::Fixed(3), Dim::Fixed(4)],
+        ));
+        let p: Vec<f32> = (0..24).map(|i| 0.5 + i as f32 / 24.0).collect();
+        graph.initializers.insert("p".into(), Tensor::from_f32(vec![1, 2, 3, 4], &p).unwrap());
+        let scales = Tensor::from_f32(vec![4], &[1.0, 1.0, 2.0, 1.5]).unwrap();
+        graph
+            .nodes
+            .push(Node::new("scales", "Constant", &[], &["scales"]).with_attr("value", Attribute::Tensor(scales)));
+        graph.nodes.push(Node::new("scale", "Mul", &["x", "p"], &["xp"]));
+        graph.nodes.push(
+            Node::new("up", "Resize", &["xp", "", "scales"], &["up"])
+                .with_attr("mode", Attribute::String(b"linear".to_vec()))
+                .with_attr("coordinate_transformation_mode", Attribute::String(b"half_pixel".to_vec())),
+        );
+        graph.nodes.push(
+            Node::new("mean", "ReduceMean", &["up"], &["m"])
+                .with_attr("axes", Attribute::Ints(axes.clone()))
+                .with_attr("keepdims", Attribute::Int(1)),
+        );
+        // A weighting that differs along every kept position, so that a wrong row shows.
+        graph.nodes.push(Node::new("square", "Mul", &["m", "m"], &["m2"]));
+        graph.nodes.push(Node::new("sum", "ReduceSum", &["m2"], &["y"]).with_attr("keepdims", Attribute::Int(0)));
+        graph.outputs.push(ValueInfo { name: "y".into(), dtype: None, shape: None, doc_string: String::new() });
+        let model = edgefreeze_graph::prepare(Model {
+            ir_version: 8,
+            opset_imports: vec![(String::new(), 17)],
+            graph,
+            ..Default::default()
+        })
+        .unwrap();
+        let grad = edgefreeze_autodiff::gradient_graph(&model, &edgefreeze_autodiff::Loss::Output, &[]).unwrap();
+        let bytes = edgefreeze_graph::save::encode_model(&grad);
+        let x: Vec<f32> = (0..48).map(|i| ((i * 13 % 17) as f32 - 8.0) / 4.0).collect();
+        let x = Value::F32(ndarray::ArrayD::from_shape_vec(vec![2, 2, 3, 4], x).unwrap());
+        let pv = Value::F32(ndarray::ArrayD::from_shape_vec(vec![1, 2, 3, 4], p).unwrap());
+        let mut results = Vec::new();
+        for kind in [EngineKind::Ort(Provider::Cpu), EngineKind::Tract] {
+            let mut s = edgefreeze_engine::load(&kind, &bytes, &Default::default()).unwrap();
+            let names = s.input_names().to_vec();
+            let feeds: Vec<(&str, &Value)> =
+                names.iter().map(|n| (n.as_str(), if n == "x" { &x } else { &pv })).collect();
+            let out = s.run(&feeds).unwrap_or_else(|e| panic!("{kind}: {e}"));
+            let at = s.output_names().iter().position(|n| n == "grad.p").unwrap();
+            results.push(out[at].as_f32().unwrap().iter().copied().collect::<Vec<f32>>());
+        }
+        let worst = results[0].iter().zip(&results[1]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let norm = results[0].iter().map(|a| a.abs()).fold(0.0f32, f32::max);
+        assert!(
+            worst <= 1e-5 * norm.max(1.0),
+            "mean over {axes:?}: ONNX Runtime {:?}, tract {:?}",
+            results[0],
+            results[1]
+        );
+    }
 }

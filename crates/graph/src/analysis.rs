@@ -555,6 +555,20 @@ pub(crate) fn matmul_flops(node: &Node, inference: &Inference) -> u64 {
     2u64.saturating_mul(out).saturating_mul(fixed_dim(&a, a.len().saturating_sub(1)))
 }
 
+/// A multiply-add per neighbour read, per output element: 2 neighbours along each axis
+/// the resize changes in linear mode, 4 in cubic; nearest neighbour only copies.
+pub(crate) fn resize_flops(node: &Node, inference: &Inference) -> u64 {
+    let taps_per_axis: u64 = match node.attr_string("mode", "nearest").as_deref() {
+        Ok("linear") => 2,
+        Ok("cubic") => 4,
+        _ => return 0,
+    };
+    let (x, y) = (input_shape(node, inference, 0), elements(inference, node.output(0)));
+    let out = node.output(0).and_then(|n| inference.types.get(n)).and_then(|v| v.shape.clone()).unwrap_or_default();
+    let resized = x.iter().zip(&out).filter(|(a, b)| a != b).count() as u32;
+    2u64.saturating_mul(y).saturating_mul(taps_per_axis.saturating_pow(resized))
+}
+
 /// One per window element per output element (pooling).
 pub(crate) fn window_flops(node: &Node, inference: &Inference) -> u64 {
     let out = elements(inference, node.output(0));

@@ -61,6 +61,7 @@ pub fn prepare(mut model: Model) -> Result<Model> {
     upgrade::coerced_softmax(&mut model, &softmax)?;
     untie::untie_identity_initializers(&mut model.graph);
     fold::fold_constants(&mut model)?;
+    infer::constant_scales_for_symbolic_sizes(&mut model)?;
     record_types(&mut model)?;
     Ok(model)
 }

@@ -475,3 +475,41 @@ fn a_gather_of_batch_indices_from_batchless_data_keeps_the_batch_fixed() {
     assert!(why.contains("\"pick\"") && why.contains("do not fit"), "{why}");
     assert_eq!(why.matches("\"pick\"").count(), 1, "the node is named once: {why}");
 }
+
+#[test]
+fn resize_sizes_computed_from_the_batch_become_constant_scales() {
+    // `F.interpolate(x, size=(7, 9), mode="bilinear")` with a dynamic batch, as
+    // TorchScript writes it: sizes = Concat(Shape(x)[:2], [7, 9]).
+    let nodes = vec![
+        Node::new("shape", "Shape", &["x"], &["s"]),
+        ints("start", &[0]),
+        ints("end", &[2]),
+        Node::new("head", "Slice", &["s", "start", "end"], &["nc"]),
+        ints("hw", &[7, 9]),
+        Node::new("sizes", "Concat", &["nc", "hw"], &["sizes"]).with_attr("axis", Attribute::Int(0)),
+        Node::new("up", "Resize", &["x", "", "", "sizes"], &["y"])
+            .with_attr("mode", Attribute::String(b"linear".to_vec()))
+            .with_attr("coordinate_transformation_mode", Attribute::String(b"half_pixel".to_vec())),
+    ];
+    let m = prepare(model(17, vec![input("x", "batch 2 4 6")], nodes, &["y"])).unwrap();
+    assert_eq!(shape_of(&m, "y"), "batch×2×7×9");
+    let up = m.graph.nodes.iter().find(|n| n.op_type == "Resize").unwrap();
+    assert_eq!(up.inputs.len(), 3, "scales, not sizes: {:?}", up.inputs);
+    let scales = m
+        .graph
+        .nodes
+        .iter()
+        .find(|n| n.outputs[0] == up.inputs[2])
+        .and_then(|n| match n.attributes.get("value") {
+            Some(Attribute::Tensor(t)) => t.to_f64_vec(),
+            _ => None,
+        })
+        .expect("a constant");
+    assert_eq!(&scales[..2], &[1.0, 1.0]);
+    // float32 ratios whose products give the sizes back in float32.
+    for (s, (d, n)) in scales[2..].iter().zip([(4.0f32, 7.0f32), (6.0, 9.0)]) {
+        assert_eq!((d * *s as f32).floor(), n, "{s}");
+        assert!((*s - f64::from(n / d)).abs() < 1e-6, "{s}");
+    }
+    assert!(m.graph.nodes.iter().all(|n| n.op_type != "Shape"), "the sizes' computation is gone");
+}

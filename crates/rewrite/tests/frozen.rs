@@ -315,6 +315,8 @@ zoo_cached_pair_tests! {
     cached_pair_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx";
     cached_pair_zoo_ops_mini_ts => "ops_mini.ts";
     cached_pair_zoo_ops_mini_dynamo => "ops_mini.dynamo";
+    cached_pair_zoo_resize_mini_ts => "resize_mini.ts";
+    cached_pair_zoo_resize_mini_dynamo => "resize_mini.dynamo";
     cached_pair_zoo_hf_bert_ts => "hf_bert.ts";
     cached_pair_zoo_hf_roberta_dynamo => "hf_roberta.dynamo";
     cached_pair_zoo_hf_gpt2_dynamo => "hf_gpt2.dynamo";

@@ -501,6 +501,8 @@ zoo_split_tests! {
     split_zoo_keras_cnn_tf2onnx => "keras_cnn.tf2onnx", [0, 1];
     split_zoo_ops_mini_ts => "ops_mini.ts", [0, 1];
     split_zoo_ops_mini_dynamo => "ops_mini.dynamo", [0, 1];
+    split_zoo_resize_mini_ts => "resize_mini.ts", [0, 1];
+    split_zoo_resize_mini_dynamo => "resize_mini.dynamo", [0, 1];
     split_zoo_hf_bert_ts => "hf_bert.ts", [3, 7];
     split_zoo_hf_roberta_dynamo => "hf_roberta.dynamo", [3, 7];
 }

@@ -3,8 +3,8 @@
 
 use super::{InputGrads, RuleCx};
 use crate::error::Result;
-use edgefreeze_graph::DataType;
 use edgefreeze_graph::ir::{Attribute, Dim};
+use edgefreeze_graph::{DataType, Tensor};
 
 pub(super) fn reshape(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let x = cx.x(0).to_string();
@@ -196,21 +196,83 @@ pub(super) fn trilu(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     Ok(g)
 }
 
-/// `Resize`, nearest neighbour by whole-number factors (the graph crate's
-/// `resize_factors`): each input element fills a block of k1·k2·... outputs, so dX sums
-/// dY over each block, dY seen as `[.., d, k, ..]` per scaled axis.
+/// `Resize` (the graph crate's `resize_axes`). Where every axis repeats its elements
+/// (nearest neighbour by whole numbers, as `nn.Upsample` exports), dX sums dY over each
+/// block of k1·k2·... outputs, dY seen as `[.., d, k, ..]` per scaled axis; no axis size
+/// is needed but the scaled ones'. Otherwise each axis is a linear map of known size,
+/// output = W · input along it, so dX is Wᵀ applied to dY along each such axis (as a
+/// weighted gather of the outputs that read each input element).
 pub(super) fn resize(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
+    use edgefreeze_graph::infer::ResizeAxis;
     let mut g = cx.none();
     let dy = cx.dy()?;
     let x = cx.x(0).to_string();
     let shape = cx.shape(&x)?;
-    let constant = |i: usize| cx.node.input(i).and_then(|n| cx.types.constants.get(n));
-    let scales = constant(2).and_then(|t| t.to_f64_vec());
-    let sizes = constant(3).and_then(|t| t.to_i64_vec());
-    let factors = edgefreeze_graph::infer::resize_factors(cx.node, &shape, scales, sizes).map_err(|e| cx.err(e))?;
-    g[0] = Some(sum_blocks(cx, &dy, &shape, &factors, Blocks::Inner, "Resize", |a, _| {
-        format!("axis {a} is scaled and its size is not known")
-    })?);
+    let scales = cx.node.input(2).and_then(|n| cx.types.constants.get(n)).and_then(|t| t.to_f64_vec());
+    let sizes = match cx.node.input(3) {
+        Some(name) => {
+            let values = match cx.types.symbolic.get(name) {
+                Some(v) => v.clone(),
+                None => cx
+                    .types
+                    .constants
+                    .get(name)
+                    .and_then(|t| t.to_i64_vec())
+                    .ok_or_else(|| cx.err("Resize needs its sizes known at load time"))?
+                    .into_iter()
+                    .map(edgefreeze_graph::infer::SymInt::Known)
+                    .collect(),
+            };
+            Some(edgefreeze_graph::infer::resize_sizes(&shape, &values).map_err(|e| cx.err(e))?)
+        }
+        None => None,
+    };
+    let axes = edgefreeze_graph::infer::resize_axes(cx.node, &shape, scales, sizes).map_err(|e| cx.err(e))?;
+    let factors: Option<Vec<usize>> =
+        axes.iter().map(|a| if let ResizeAxis::Repeat(k) = a { Some(*k) } else { None }).collect();
+    if let Some(factors) = factors {
+        g[0] = Some(sum_blocks(cx, &dy, &shape, &factors, Blocks::Inner, "Resize", |a, _| {
+            format!("axis {a} is scaled and its size is not known")
+        })?);
+        return Ok(g);
+    }
+    let rank = shape.len();
+    let mut grad = dy;
+    for (a, axis) in axes.iter().enumerate() {
+        if *axis == ResizeAxis::Repeat(1) {
+            continue;
+        }
+        let d = shape[a].fixed().ok_or_else(|| cx.err(format!("axis {a} is resized and its size is not known")))?;
+        let (output, input, w) = axis.matrix(d);
+        // Input element i collects Σ_o W[o, i] · dY[o] over the few outputs o that read it:
+        // their indices and weights as `[in, T]` tables (padded with weight 0), dY gathered
+        // along the axis by them, weighted, and summed over T. (Not a product by Wᵀ:
+        // tract's optimiser miscomputes a product whose operand is a broadcast along the
+        // summed axis, as dY is behind a mean over that axis.)
+        let readers: Vec<Vec<(usize, f64)>> = (0..input)
+            .map(|i| (0..output).filter(|&o| w[o * input + i] != 0.0).map(|o| (o, w[o * input + i])).collect())
+            .collect();
+        let taps = readers.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut indices = vec![0i64; input * taps];
+        let mut weights = vec![0.0; input * taps];
+        for (i, list) in readers.iter().enumerate() {
+            for (t, &(o, v)) in list.iter().enumerate() {
+                indices[i * taps + t] = o as i64;
+                weights[i * taps + t] = v;
+            }
+        }
+        let indices = cx.e.constant(
+            "resize_readers",
+            Tensor::from_i64(vec![input, taps], &indices).map_err(|e| cx.err(e.to_string()))?,
+        );
+        let mut weight_dims = vec![input, taps];
+        weight_dims.extend(std::iter::repeat_n(1, rank - 1 - a));
+        let weights = cx.e.floats(weight_dims, &weights);
+        let gathered = cx.e.op("Gather", &[&grad, &indices], vec![("axis", Attribute::Int(a as i64))]);
+        let weighted = cx.e.mul(&gathered, &weights);
+        grad = cx.e.reduce_sum(&weighted, &[a as i64 + 1], false);
+    }
+    g[0] = Some(grad);
     Ok(g)
 }
 

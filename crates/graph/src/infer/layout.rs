@@ -288,76 +288,19 @@ pub(crate) fn expand(cx: &Cx<'_>) -> Result<Outputs> {
     Ok(vec![(dtype, out)])
 }
 
-/// The integer factor of each axis of a `Resize` (nearest neighbour, `asymmetric`
-/// coordinates, `floor` rounding, whole-number scales: `F.interpolate(x, scale_factor=k)`
-/// and `nn.Upsample` as both exporters write them), or why the node is not that. Shared by
-/// the shape rule and the autodiff crate's gradient, which sums each block of k^n outputs.
-pub fn resize_factors(
-    node: &crate::ir::Node,
-    x: &[Dim],
-    scales: Option<Vec<f64>>,
-    sizes: Option<Vec<i64>>,
-) -> std::result::Result<Vec<usize>, String> {
-    let mode = node.attr_string("mode", "nearest").map_err(|e| e.to_string())?;
-    let coordinates = node.attr_string("coordinate_transformation_mode", "half_pixel").map_err(|e| e.to_string())?;
-    let rounding = node.attr_string("nearest_mode", "round_prefer_floor").map_err(|e| e.to_string())?;
-    if mode != "nearest" || coordinates != "asymmetric" || rounding != "floor" {
-        return Err(format!(
-            "Resize is supported in mode \"nearest\" with \"asymmetric\" coordinates and \"floor\" rounding \
-             (F.interpolate(mode=\"nearest\")), got {mode:?}, {coordinates:?}, {rounding:?}"
-        ));
-    }
-    if node.attr_ints("axes").ok().flatten().is_some() {
-        return Err("Resize with an \"axes\" attribute is not supported".into());
-    }
-    let factors: Vec<f64> = match (scales, sizes) {
-        (Some(s), _) if !s.is_empty() => s,
-        (_, Some(sizes)) => sizes
-            .iter()
-            .zip(x)
-            .map(|(&n, d)| match d.fixed() {
-                Some(d) if d > 0 => n as f64 / d as f64,
-                _ => {
-                    if n == 1 {
-                        1.0
-                    } else {
-                        f64::NAN
-                    }
-                }
-            })
-            .collect(),
-        _ => return Err("Resize needs its scales or sizes known at load time".into()),
-    };
-    if factors.len() != x.len() {
-        return Err(format!("{} scales do not fit a rank-{} input", factors.len(), x.len()));
-    }
-    factors
-        .iter()
-        .map(|&f| {
-            if f >= 1.0 && f.fract() == 0.0 && f.is_finite() {
-                Ok(f as usize)
-            } else {
-                Err(format!("Resize is supported with whole-number scales of 1 or more, got {factors:?}"))
-            }
-        })
-        .collect()
-}
-
-/// `Resize` (see [`resize_factors`]): each axis times its factor.
+/// `Resize` (see [`super::resize::resize_axes`]): each axis as its mode maps it.
 pub(crate) fn resize(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = cx.input(0)?;
     let scales = cx.constant(2).and_then(|t| t.to_f64_vec());
-    let sizes = cx.constant(3).and_then(|t| t.to_i64_vec());
-    let factors = resize_factors(cx.node, &x, scales, sizes).map_err(|e| cx.err(e))?;
-    let out = x
-        .iter()
-        .zip(&factors)
-        .map(|(d, &k)| match (d, k) {
-            (_, 1) => d.clone(),
-            (Dim::Fixed(n), k) => Dim::Fixed(n * k),
-            _ => Dim::Unknown,
-        })
-        .collect();
+    let sizes = match cx.node.input(3) {
+        Some(_) => match cx.symbolic(3) {
+            Some(v) => Some(super::resize::resize_sizes(&x, &v).map_err(|e| cx.err(e))?),
+            None => return Err(cx.err("Resize needs its sizes known at load time")),
+        },
+        None => None,
+    };
+    let axes = super::resize::resize_axes(cx.node, &x, scales, sizes).map_err(|e| cx.err(e))?;
+    let out = x.iter().zip(&axes).map(|(d, a)| a.output_dim(d)).collect();
     Ok(vec![(dtype, out)])
 }
 

@@ -5,8 +5,10 @@ mod broadcast;
 pub(crate) mod elementwise;
 pub(crate) mod eval;
 pub(crate) mod layout;
-pub use layout::resize_factors;
+pub(crate) use resize::constant_scales_for_symbolic_sizes;
+pub use resize::{ResizeAxis, resize_axes, resize_sizes};
 pub(crate) mod linear;
+mod resize;
 pub(crate) mod spatial;
 
 pub use broadcast::{broadcast_dims, broadcast_index_map, broadcast_shapes, merge_dims};

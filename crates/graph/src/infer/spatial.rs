@@ -189,7 +189,15 @@ pub(crate) fn conv(cx: &Cx<'_>) -> Result<Outputs> {
     if cx.has_input(2) {
         let (_, b) = cx.input(2)?;
         if b.len() != 1 || (b[0].fixed().is_some() && w[0].fixed().is_some() && b[0] != w[0]) {
-            return Err(cx.err("bias must be a vector with one value per output channel"));
+            // torch.onnx.export(dynamo=True) writes a Conv3d without a bias with a zero
+            // bias shaped [out_channels, 2], which ONNX Runtime refuses too.
+            let hint = if spatial.len() == 3 && b.len() == 2 {
+                " (got a matrix: the dynamo exporter writes one for a Conv3d without bias, which ONNX Runtime \
+                 refuses as well; export with dynamo=False)"
+            } else {
+                ""
+            };
+            return Err(cx.err(format!("bias must be a vector with one value per output channel{hint}")));
         }
     }
     let window = Window::from_node(cx.node, spatial, Some(&w[2..]))?;

@@ -206,7 +206,7 @@ pub static OPS: &[OpSpec] = &[
     op("GatherElements", 2..=2, 1..=1, ly::gather_elements, Zero, Never(NotNeeded), None),
     op("GatherND", 2..=2, 1..=1, ly::gather_nd, Zero, Never(NotNeeded), None),
     op("Pad", 2..=4, 1..=1, ly::pad, Zero, Never(NotNeeded), None),
-    op("Resize", 1..=4, 1..=1, ly::resize, Zero, Never(NotNeeded), None),
+    op("Resize", 1..=4, 1..=1, ly::resize, Rule(fl::resize_flops), Never(NotNeeded), None),
     op("Reshape", 2..=2, 1..=1, ly::reshape, Zero, Values(ev::same_values), Some(ly::same_value)),
     op("Slice", 3..=5, 1..=1, ly::slice, Zero, Values(ev::slice), Some(ly::slice_value)),
     op("Split", 1..=2, 1..=ANY, ly::split, Zero, Never(SeveralOutputs), None),
