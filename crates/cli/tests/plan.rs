@@ -130,3 +130,46 @@ fn plan_without_a_reachable_server_fails_naming_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no edge server could be probed at any cut: 127.0.0.1:1: "), "{stderr}");
 }
+
+#[test]
+fn cuts_whose_back_reads_the_samples_are_not_planned() {
+    // GPT-2 reads its token ids at its end: every cut has them as a side input, and the
+    // edge would need the samples themselves. Refused before any server is probed.
+    let zoo = |stem: &str| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/zoo")
+            .join(format!("{stem}.onnx"))
+    };
+    let run = |model: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--model",
+            model.to_str().unwrap(),
+            "--edge",
+            "127.0.0.1:1",
+            "--device-id",
+            "phone-1",
+            "--token",
+            TOKEN,
+        ];
+        args.extend(extra);
+        edgefreeze(&args)
+    };
+    let out = run(&zoo("hf_gpt2.dynamo"), &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no cut of the model can be split") && stderr.contains("beside the activation"),
+        "{stderr}"
+    );
+    // RoBERTa's first cuts read the ids (its position ids); asked for, one is refused
+    // naming the input and the cuts that split.
+    let out = run(&zoo("hf_roberta.dynamo"), &["--cuts", "0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cut 0 cannot be split: the part behind it reads the model's input")
+            && stderr.contains("valid are [2,"),
+        "{stderr}"
+    );
+}
