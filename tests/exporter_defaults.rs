@@ -198,6 +198,10 @@ fn hugging_face_inputs_beside_the_token_ids_are_computed_from_the_padding() {
     wrong.graph.inputs[1].shape = Some(vec![edgefreeze_graph::ir::Dim::Symbol("batch".into())]);
     let err = derive_from_token_ids(&wrong, 0).unwrap_err().to_string();
     assert!(err.contains("attention_mask"), "{err}");
+    let mut flat = model.clone();
+    flat.graph.inputs[0].shape = Some(vec![edgefreeze_graph::ir::Dim::Symbol("batch".into())]);
+    let err = derive_from_token_ids(&flat, 0).unwrap_err().to_string();
+    assert!(err.contains("not [batch, sequence]"), "{err}");
     let mut plain = model.clone();
     plain.graph.inputs.truncate(1);
     assert!(derive_from_token_ids(&plain, 0).unwrap().is_none(), "nothing to derive");

@@ -103,7 +103,7 @@ pub fn step_times(
                 );
                 // Behind a cut with side inputs the suffix reads the batch's input too.
                 let mut data = vec![(activation_name(), &act)];
-                if !cut.side_inputs.is_empty() {
+                if cut.side_inputs.contains(&input_name) {
                     data.push((input_name.as_str(), &input));
                 }
                 let ms = time_one(ws.as_mut(), &artifacts.state, &state_names, &suffix, &data, &labels, options)?;

@@ -267,9 +267,10 @@ struct Classes {
     input_only: HashMap<String, BTreeSet<String>>,
 }
 
-/// Ops whose output is not a function of their inputs alone: a value they compute cannot
-/// be recomputed behind a cut (it would be another draw).
-const RANDOM: &[&str] = &["Dropout", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"];
+/// Ops whose output is not a function of their inputs alone: a value they compute, or
+/// one computed from it, cannot be recomputed behind a cut (it would be another draw).
+const RANDOM: &[&str] =
+    &["Dropout", "RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform", "Bernoulli", "Multinomial"];
 
 fn classify(graph: &Graph) -> Classes {
     let mut data_values: HashSet<String> = graph.inputs.iter().map(|v| v.name.clone()).collect();
@@ -277,16 +278,21 @@ fn classify(graph: &Graph) -> Classes {
     let mut input_only: HashMap<String, BTreeSet<String>> =
         graph.inputs.iter().map(|v| (v.name.clone(), BTreeSet::from([v.name.clone()]))).collect();
     let mut data = vec![false; graph.nodes.len()];
+    let mut drawn: HashSet<String> = HashSet::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let value_reads =
             || node.inputs.iter().enumerate().filter(|(k, v)| !v.is_empty() && !is_metadata_input(node, *k));
         let reads_data = value_reads().any(|(_, v)| data_values.contains(v));
         data[i] = reads_data;
         let derived = !reads_data && node.inputs.iter().any(|v| param_derived_values.contains(v));
+        let random = RANDOM.contains(&node.op_type.as_str()) || value_reads().any(|(_, v)| drawn.contains(v));
+        if random {
+            drawn.extend(node.outputs.iter().filter(|o| !o.is_empty()).cloned());
+        }
         // Computed from the inputs alone: every data value it reads is, and it reads no
-        // parameter (nor anything computed from one) and draws nothing at random.
+        // parameter (nor anything computed from one) and nothing drawn at random.
         let from_inputs = reads_data
-            && !RANDOM.contains(&node.op_type.as_str())
+            && !random
             && !node.inputs.iter().any(|v| param_derived_values.contains(v))
             && value_reads().all(|(_, v)| !data_values.contains(v) || input_only.contains_key(v));
         let roots: Option<BTreeSet<String>> =

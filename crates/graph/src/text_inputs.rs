@@ -80,6 +80,12 @@ pub fn derive_from_token_ids(model: &Model, pad: i64) -> Result<Option<(Model, V
     if derived.is_empty() {
         return Ok(None);
     }
+    if ids.shape.as_ref().is_none_or(|s| s.len() != 2) {
+        return Err(GraphError::Invalid(format!(
+            "input {TOKEN_IDS:?} is shaped {:?}, not [batch, sequence]: the inputs beside it cannot be computed from it",
+            ids.shape
+        )));
+    }
     let id_type = ids.dtype;
     if !matches!(id_type, Some(DataType::Int64 | DataType::Int32)) {
         return Err(GraphError::Invalid(format!(

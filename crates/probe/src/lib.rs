@@ -198,7 +198,7 @@ pub fn probe(model_path: &Path, targets: &[Target], settings: &ProbeSettings) ->
         }
     };
     if cuts.is_empty() {
-        let why = if analysis.cuts.is_empty() {
+        let why = if analysis.cuts.is_empty() || settings.cuts.is_some() {
             "the model has no valid cut".to_string()
         } else {
             format!(

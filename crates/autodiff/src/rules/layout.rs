@@ -243,7 +243,8 @@ pub(super) fn resize(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
             continue;
         }
         let d = shape[a].fixed().ok_or_else(|| cx.err(format!("axis {a} is resized and its size is not known")))?;
-        let (output, input, w) = axis.matrix(d);
+        let (output, input, w) =
+            axis.matrix(d).ok_or_else(|| cx.err(format!("axis {a} is resized to more elements than it takes")))?;
         // Input element i collects Σ_o W[o, i] · dY[o] over the few outputs o that read it:
         // their indices and weights as `[in, T]` tables (padded with weight 0), dY gathered
         // along the axis by them, weighted, and summed over T. (Not a product by Wᵀ:

@@ -35,23 +35,25 @@ impl ResizeAxis {
     pub fn output_dim(&self, d: &Dim) -> Dim {
         match (self, d) {
             (ResizeAxis::Repeat(1), _) => d.clone(),
-            (ResizeAxis::Repeat(k), Dim::Fixed(n)) => Dim::Fixed(n * k),
+            (ResizeAxis::Repeat(k), Dim::Fixed(n)) => n.checked_mul(*k).map_or(Dim::Unknown, Dim::Fixed),
             (ResizeAxis::Repeat(_), _) => Dim::Unknown,
             (ResizeAxis::Weights { output, .. }, _) => Dim::Fixed(*output),
         }
     }
 
-    /// The matrix of the axis (`output × input`), for an axis of known size `d`.
-    pub fn matrix(&self, d: usize) -> (usize, usize, Vec<f64>) {
+    /// The matrix of the axis (`output × input`), for an axis of known size `d`; `None`
+    /// for a repeat too large to write as one.
+    pub fn matrix(&self, d: usize) -> Option<(usize, usize, Vec<f64>)> {
         match self {
             ResizeAxis::Repeat(k) => {
-                let mut w = vec![0.0; d * k * d];
-                for i in 0..d * k {
+                let out = d.checked_mul(*k).filter(|&o| o.saturating_mul(d) <= MAX_MATRIX)?;
+                let mut w = vec![0.0; out * d];
+                for i in 0..out {
                     w[i * d + i / k] = 1.0;
                 }
-                (d * k, d, w)
+                Some((out, d, w))
             }
-            ResizeAxis::Weights { input, output, weights } => (*output, *input, weights.clone()),
+            ResizeAxis::Weights { input, output, weights } => Some((*output, *input, weights.clone())),
         }
     }
 }
@@ -66,15 +68,19 @@ enum Coordinates {
 }
 
 impl Coordinates {
-    fn source(self, x: f64, scale: f64, output: usize, input: usize) -> f64 {
-        match self {
+    /// The source coordinate of output element `x`, in float32 as the engines compute it
+    /// (ONNX scales are float32; where nearest neighbour rounds an exact half or whole
+    /// number, float64 would pick another element than they do).
+    fn source(self, x: usize, scale: f32, output: usize, input: usize) -> f64 {
+        let x = x as f32;
+        f64::from(match self {
             Coordinates::HalfPixel => (x + 0.5) / scale - 0.5,
             Coordinates::PytorchHalfPixel if output > 1 => (x + 0.5) / scale - 0.5,
             Coordinates::PytorchHalfPixel => 0.0,
-            Coordinates::AlignCorners if output > 1 => x * (input as f64 - 1.0) / (output as f64 - 1.0),
+            Coordinates::AlignCorners if output > 1 => x * (input as f32 - 1.0) / (output as f32 - 1.0),
             Coordinates::AlignCorners => 0.0,
             Coordinates::Asymmetric => x / scale,
-        }
+        })
     }
 }
 
@@ -106,10 +112,6 @@ enum Mode {
     Cubic { a: f64, exclude_outside: bool },
 }
 
-/// What each axis of a `Resize` of an input shaped `x` becomes, given its scales or
-/// sizes (constants), or why it cannot be said: an attribute value the op table does not
-/// take (`tf_crop_and_resize`, `antialias`, `axes`, a `keep_aspect_ratio_policy`), or a
-/// resized axis of unknown size (other than a repeat).
 /// The `sizes` input of a `Resize` as [`resize_axes`] takes it, from its values as
 /// symbolic inference knows them: a known size, or `None` for an axis whose size is the
 /// input's own symbol (`torch.onnx.export` writes the batch of `F.interpolate(x,
@@ -126,6 +128,16 @@ pub fn resize_sizes(x: &[Dim], sizes: &[SymInt]) -> std::result::Result<Vec<Opti
         .collect()
 }
 
+/// Most elements a resized axis may have, and most elements of one axis's matrix: past
+/// them a scale is taken for a mistake, not a model (and would not fit in memory).
+const MAX_AXIS: usize = 1 << 20;
+const MAX_MATRIX: usize = 1 << 26;
+
+/// What each axis of a `Resize` of an input shaped `x` becomes, given its scales or
+/// sizes (constants), or why it cannot be said: an attribute value the op table does not
+/// take (`tf_crop_and_resize`, `antialias`, `axes`, a `keep_aspect_ratio_policy`), a
+/// resized axis of unknown size (other than a repeat), or a size past [`MAX_AXIS`]. Scales
+/// and output sizes are computed in float32, as ONNX defines them and the engines do.
 pub fn resize_axes(
     node: &Node,
     x: &[Dim],
@@ -174,18 +186,18 @@ pub fn resize_axes(
         return Err("Resize with a keep_aspect_ratio_policy other than \"stretch\" is not supported".into());
     }
     // Per axis: the scale, and the output size where sizes give it.
-    let per_axis: Vec<(f64, Option<usize>)> = match (scales, sizes) {
-        (Some(s), _) if !s.is_empty() => s.into_iter().map(|s| (s, None)).collect(),
+    let per_axis: Vec<(f32, Option<usize>)> = match (scales, sizes) {
+        (Some(s), _) if !s.is_empty() => s.into_iter().map(|s| (s as f32, None)).collect(),
         (_, Some(sizes)) => sizes
             .iter()
             .zip(x)
             .map(|(&n, d)| match (n, d.fixed()) {
                 // The input's own size.
                 (None, _) => (1.0, None),
-                (Some(n), Some(d)) if d > 0 => (n as f64 / d as f64, Some(n.max(0) as usize)),
+                (Some(n), Some(d)) if d > 0 => (n as f32 / d as f32, Some(n.max(0) as usize)),
                 // An axis of unknown size kept at 1 (an exporter's size for the batch).
                 (Some(1), _) => (1.0, None),
-                (Some(n), _) => (f64::NAN, Some(n.max(0) as usize)),
+                (Some(n), _) => (f32::NAN, Some(n.max(0) as usize)),
             })
             .collect(),
         _ => return Err("Resize needs its scales or sizes known at load time".into()),
@@ -202,19 +214,23 @@ pub fn resize_axes(
             axes.push(ResizeAxis::Repeat(1));
             continue;
         }
-        if repeats && scale >= 1.0 && scale.fract() == 0.0 && scale.is_finite() {
+        if !(scale.is_finite() && scale > 0.0 && scale <= MAX_AXIS as f32) {
+            return Err(format!("Resize has scale {scale} on axis {a}"));
+        }
+        if repeats && scale >= 1.0 && scale.fract() == 0.0 {
             axes.push(ResizeAxis::Repeat(scale as usize));
             continue;
         }
         let Some(input) = d.fixed() else {
             return Err(format!("Resize scales axis {a}, whose size is not known at load time"));
         };
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(format!("Resize has scale {scale} on axis {a}"));
-        }
-        let output = size.unwrap_or((input as f64 * scale).floor() as usize);
+        // floor(input · scale) in float32, as ONNX Runtime and tract size the output.
+        let output = size.unwrap_or(((input as f32) * scale).floor() as usize);
         if output == 0 {
             return Err(format!("Resize makes axis {a} empty"));
+        }
+        if output > MAX_AXIS || output.saturating_mul(input) > MAX_MATRIX {
+            return Err(format!("Resize makes axis {a} of {input} elements {output} long, past what it takes"));
         }
         axes.push(ResizeAxis::Weights { input, output, weights: weights(mode, coordinates, scale, input, output) });
     }
@@ -291,13 +307,13 @@ pub(crate) fn constant_scales_for_symbolic_sizes(model: &mut crate::ir::Model) -
 
 /// The `output × input` matrix of one axis (ONNX's `Resize`: source coordinates from the
 /// transformation; neighbours past either end read the end element).
-fn weights(mode: Mode, coordinates: Coordinates, scale: f64, input: usize, output: usize) -> Vec<f64> {
+fn weights(mode: Mode, coordinates: Coordinates, scale: f32, input: usize, output: usize) -> Vec<f64> {
     let mut w = vec![0.0; output * input];
     let last = input as i64 - 1;
     let at = |i: i64| i.clamp(0, last) as usize;
     for o in 0..output {
         let row = &mut w[o * input..(o + 1) * input];
-        let x = coordinates.source(o as f64, scale, output, input);
+        let x = coordinates.source(o, scale, output, input);
         match mode {
             Mode::Nearest(rounding) => row[at(rounding.round(x) as i64)] = 1.0,
             Mode::Linear => {
@@ -335,7 +351,7 @@ fn weights(mode: Mode, coordinates: Coordinates, scale: f64, input: usize, outpu
 mod tests {
     use super::*;
 
-    fn matrix(mode: Mode, coordinates: Coordinates, scale: f64, input: usize, output: usize) -> Vec<Vec<f64>> {
+    fn matrix(mode: Mode, coordinates: Coordinates, scale: f32, input: usize, output: usize) -> Vec<Vec<f64>> {
         weights(mode, coordinates, scale, input, output).chunks(input).map(<[f64]>::to_vec).collect()
     }
 
@@ -352,7 +368,7 @@ mod tests {
         for mode in modes {
             for c in coords {
                 for (input, output) in [(4, 8), (5, 3), (3, 7), (1, 4)] {
-                    for row in matrix(mode, c, output as f64 / input as f64, input, output) {
+                    for row in matrix(mode, c, output as f32 / input as f32, input, output) {
                         let sum: f64 = row.iter().sum();
                         assert!((sum - 1.0).abs() < 1e-12, "{mode:?} {c:?} {input}->{output}: {row:?}");
                     }
@@ -375,6 +391,28 @@ mod tests {
         assert_eq!(m[0], [1.0, 0.0, 0.0]);
         assert_eq!(m[1], [0.5, 0.5, 0.0]);
         assert_eq!(m[4], [0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn sizes_and_coordinates_are_float32_as_the_engines_compute_them() {
+        // floor(10 · 0.7) is 7 in float32 (0.7f32 · 10 = 7.0000005) and 6 in float64
+        // (0.7 · 10 = 6.999999999999999).
+        let node = Node::new("up", "Resize", &["x", "", "s"], &["y"])
+            .with_attr("mode", crate::ir::Attribute::String(b"nearest".to_vec()))
+            .with_attr("coordinate_transformation_mode", crate::ir::Attribute::String(b"asymmetric".to_vec()))
+            .with_attr("nearest_mode", crate::ir::Attribute::String(b"floor".to_vec()));
+        let x = [Dim::Fixed(1), Dim::Fixed(10)];
+        let axes = resize_axes(&node, &x, Some(vec![1.0, f64::from(0.7f32)]), None).unwrap();
+        assert_eq!(axes[1].output_dim(&x[1]), Dim::Fixed(7));
+        // Sizes 6 → 4: scale 4/6 = 0.6666667 in float32, and output 2 reads 2 / 0.6666667
+        // = 3.0 (float32), element 3 with floor rounding (2.9999999, element 2, in float64).
+        let axes = resize_axes(&node, &[Dim::Fixed(1), Dim::Fixed(6)], None, Some(vec![Some(1), Some(4)])).unwrap();
+        let (_, _, w) = axes[1].matrix(6).unwrap();
+        assert_eq!(&w[2 * 6..3 * 6], &[0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+        // Absurd scales are errors, not allocations.
+        for scale in [1e12, 1e20, f64::INFINITY] {
+            assert!(resize_axes(&node, &x, Some(vec![1.0, scale]), None).is_err(), "{scale}");
+        }
     }
 
     #[test]
