@@ -146,7 +146,7 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
     let (order, starts) = order_nodes(graph, &classes);
     let position: HashMap<usize, usize> = order.iter().enumerate().map(|(p, &i)| (i, p)).collect();
     let crossing = crossing_values(graph, &order, &position, &classes);
-    let side = side_inputs(graph, &order, &classes);
+    let last_reads = last_value_reads(graph, &order, &classes);
 
     // Preliminary layers start at anchors; a boundary survives only where one tensor crosses.
     // Where more than one crosses in front of an anchor, the layer may still start earlier,
@@ -240,7 +240,13 @@ pub fn analyse(model: &Model) -> Result<Analysis> {
             after_layer: k,
             position: ranges[k].end,
             tensor: layer.output.clone(),
-            side_inputs: side[ranges[k].end].clone(),
+            // In the graph's input order, for a stable listing.
+            side_inputs: graph
+                .inputs
+                .iter()
+                .filter(|v| last_reads.get(v.name.as_str()).is_some_and(|&l| l >= ranges[k].end))
+                .map(|v| v.name.clone())
+                .collect(),
             shape: layer.output_shape.clone(),
             bytes_per_sample: per_sample_elements(&layer.output_shape) * size,
             flops_before: before,
@@ -432,10 +438,11 @@ fn crossing_values(
     crossing
 }
 
-/// For each position 0..=n in the order, the graph inputs whose values a node at or
-/// behind it reads, directly or through input-only values (a read of a shape alone does
-/// not count: either side recomputes a shape from its own activation).
-fn side_inputs(graph: &Graph, order: &[usize], classes: &Classes) -> Vec<Vec<String>> {
+/// For each graph input read for its values, directly or through input-only values, the
+/// last position in the order where that happens (a read of a shape alone does not count:
+/// either side recomputes a shape from its own activation). A cut at position p has as side
+/// inputs those read at p or later.
+fn last_value_reads<'g>(graph: &'g Graph, order: &[usize], classes: &'g Classes) -> HashMap<&'g str, usize> {
     let n = order.len();
     let mut last: HashMap<&str, usize> = HashMap::new();
     for (p, &i) in order.iter().enumerate() {
@@ -454,17 +461,7 @@ fn side_inputs(graph: &Graph, order: &[usize], classes: &Classes) -> Vec<Vec<Str
             last.insert(root.as_str(), n);
         }
     }
-    (0..=n)
-        .map(|p| {
-            // In the graph's input order, for a stable listing.
-            graph
-                .inputs
-                .iter()
-                .filter(|v| last.get(v.name.as_str()).is_some_and(|&l| l >= p))
-                .map(|v| v.name.clone())
-                .collect()
-        })
-        .collect()
+    last
 }
 
 fn layer_name(parameter_names: &[String], first: &Node) -> String {

@@ -208,26 +208,7 @@ pub(super) fn resize(cx: &mut RuleCx<'_>) -> Result<InputGrads> {
     let dy = cx.dy()?;
     let x = cx.x(0).to_string();
     let shape = cx.shape(&x)?;
-    let scales = cx.node.input(2).and_then(|n| cx.types.constants.get(n)).and_then(|t| t.to_f64_vec());
-    let sizes = match cx.node.input(3) {
-        Some(name) => {
-            let values = match cx.types.symbolic.get(name) {
-                Some(v) => v.clone(),
-                None => cx
-                    .types
-                    .constants
-                    .get(name)
-                    .and_then(|t| t.to_i64_vec())
-                    .ok_or_else(|| cx.err("Resize needs its sizes known at load time"))?
-                    .into_iter()
-                    .map(edgefreeze_graph::infer::SymInt::Known)
-                    .collect(),
-            };
-            Some(edgefreeze_graph::infer::resize_sizes(&shape, &values).map_err(|e| cx.err(e))?)
-        }
-        None => None,
-    };
-    let axes = edgefreeze_graph::infer::resize_axes(cx.node, &shape, scales, sizes).map_err(|e| cx.err(e))?;
+    let axes = edgefreeze_graph::infer::resize_axes_of(cx.node, &shape, cx.types).map_err(|e| cx.err(e))?;
     let factors: Option<Vec<usize>> =
         axes.iter().map(|a| if let ResizeAxis::Repeat(k) = a { Some(*k) } else { None }).collect();
     if let Some(factors) = factors {

@@ -291,15 +291,7 @@ pub(crate) fn expand(cx: &Cx<'_>) -> Result<Outputs> {
 /// `Resize` (see [`super::resize::resize_axes`]): each axis as its mode maps it.
 pub(crate) fn resize(cx: &Cx<'_>) -> Result<Outputs> {
     let (dtype, x) = cx.input(0)?;
-    let scales = cx.constant(2).and_then(|t| t.to_f64_vec());
-    let sizes = match cx.node.input(3) {
-        Some(_) => match cx.symbolic(3) {
-            Some(v) => Some(super::resize::resize_sizes(&x, &v).map_err(|e| cx.err(e))?),
-            None => return Err(cx.err("Resize needs its sizes known at load time")),
-        },
-        None => None,
-    };
-    let axes = super::resize::resize_axes(cx.node, &x, scales, sizes).map_err(|e| cx.err(e))?;
+    let axes = super::resize::resize_axes_of(cx.node, &x, cx.inf).map_err(|e| cx.err(e))?;
     let out = x.iter().zip(&axes).map(|(d, a)| a.output_dim(d)).collect();
     Ok(vec![(dtype, out)])
 }

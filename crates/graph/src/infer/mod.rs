@@ -6,7 +6,7 @@ pub(crate) mod elementwise;
 pub(crate) mod eval;
 pub(crate) mod layout;
 pub(crate) use resize::constant_scales_for_symbolic_sizes;
-pub use resize::{ResizeAxis, resize_axes, resize_sizes};
+pub use resize::{ResizeAxis, resize_axes, resize_axes_of};
 pub(crate) mod linear;
 mod resize;
 pub(crate) mod spatial;

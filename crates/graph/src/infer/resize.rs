@@ -10,7 +10,7 @@
 //! repeats each element k times, which needs no size: [`ResizeAxis::Repeat`], summed back
 //! in blocks.
 
-use super::SymInt;
+use super::{Inference, SymInt};
 use crate::ir::{Dim, Node};
 
 /// What `Resize` does to one axis.
@@ -116,7 +116,7 @@ enum Mode {
 /// symbolic inference knows them: a known size, or `None` for an axis whose size is the
 /// input's own symbol (`torch.onnx.export` writes the batch of `F.interpolate(x,
 /// size=...)` as `Shape(x)[0]`).
-pub fn resize_sizes(x: &[Dim], sizes: &[SymInt]) -> std::result::Result<Vec<Option<i64>>, String> {
+fn resize_sizes(x: &[Dim], sizes: &[SymInt]) -> std::result::Result<Vec<Option<i64>>, String> {
     sizes
         .iter()
         .enumerate()
@@ -126,6 +126,30 @@ pub fn resize_sizes(x: &[Dim], sizes: &[SymInt]) -> std::result::Result<Vec<Opti
             _ => Err(format!("Resize needs its sizes known at load time (axis {a} is not)")),
         })
         .collect()
+}
+
+/// [`resize_axes`] with the scales and sizes as inference knows the node's inputs (the
+/// shape rule, the gradient rule and the import's rewrite all read them so).
+pub fn resize_axes_of(node: &Node, x: &[Dim], inf: &Inference) -> std::result::Result<Vec<ResizeAxis>, String> {
+    let scales = node.input(2).and_then(|n| inf.constants.get(n)).and_then(|t| t.to_f64_vec());
+    let sizes = match node.input(3) {
+        Some(name) => {
+            let values = match inf.symbolic.get(name) {
+                Some(v) => v.clone(),
+                None => inf
+                    .constants
+                    .get(name)
+                    .and_then(|t| t.to_i64_vec())
+                    .ok_or("Resize needs its sizes known at load time")?
+                    .into_iter()
+                    .map(SymInt::Known)
+                    .collect(),
+            };
+            Some(resize_sizes(x, &values)?)
+        }
+        None => None,
+    };
+    resize_axes(node, x, scales, sizes)
 }
 
 /// Most elements a resized axis may have, and most elements of one axis's matrix: past
@@ -253,10 +277,9 @@ pub(crate) fn constant_scales_for_symbolic_sizes(model: &mut crate::ir::Model) -
         return Ok(0);
     }
     let inference = super::infer(&model.graph, model.opset())?;
-    let mut taken: std::collections::HashSet<String> =
-        model.graph.nodes.iter().flat_map(|n| n.outputs.iter().cloned().chain([n.name.clone()])).collect();
-    taken.extend(model.graph.initializers.keys().cloned());
-    taken.extend(model.graph.inputs.iter().map(|v| v.name.clone()));
+    // A new Constant's node and value share the name: avoid both kinds.
+    let mut taken = model.graph.value_names();
+    taken.extend(model.graph.nodes.iter().map(|n| n.name.clone()));
     let mut constants = Vec::new();
     for node in model.graph.nodes.iter_mut().filter(|n| has_sizes(n)) {
         let sizes = node.input(3).unwrap_or_default().to_string();
