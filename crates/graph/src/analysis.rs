@@ -444,8 +444,18 @@ fn crossing_values(
 /// inputs those read at p or later.
 fn last_value_reads<'g>(graph: &'g Graph, order: &[usize], classes: &'g Classes) -> HashMap<&'g str, usize> {
     let n = order.len();
+    // Only nodes the model's first output needs: the part behind a cut computes that one
+    // (`cut_model`), so another output made from the inputs alone needs nothing there.
+    let mut wanted: HashSet<&str> = graph.outputs.first().map(|o| o.name.as_str()).into_iter().collect();
+    let mut needed = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if node.outputs.iter().any(|o| wanted.contains(o.as_str())) {
+            needed[i] = true;
+            wanted.extend(node.inputs.iter().map(String::as_str));
+        }
+    }
     let mut last: HashMap<&str, usize> = HashMap::new();
-    for (p, &i) in order.iter().enumerate() {
+    for (p, &i) in order.iter().enumerate().filter(|&(_, &i)| needed[i]) {
         let node = &graph.nodes[i];
         for (k, v) in node.inputs.iter().enumerate() {
             if is_metadata_input(node, k) {
@@ -456,7 +466,7 @@ fn last_value_reads<'g>(graph: &'g Graph, order: &[usize], classes: &'g Classes)
             }
         }
     }
-    for out in &graph.outputs {
+    if let Some(out) = graph.outputs.first() {
         for root in classes.input_only.get(&out.name).into_iter().flatten() {
             last.insert(root.as_str(), n);
         }

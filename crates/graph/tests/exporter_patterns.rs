@@ -513,3 +513,22 @@ fn resize_sizes_computed_from_the_batch_become_constant_scales() {
     }
     assert!(m.graph.nodes.iter().all(|n| n.op_type != "Shape"), "the sizes' computation is gone");
 }
+
+#[test]
+fn an_input_only_second_output_adds_no_side_input() {
+    // A model returning (logits, Equal(tokens, 0)): the part behind a cut computes the
+    // first output only, so the second one does not make the tokens a side input.
+    let nodes = vec![
+        Node::new("embed", "MatMul", &["x", "we"], &["e"]),
+        Node::new("proj", "MatMul", &["e", "w1"], &["y"]),
+        Node::new("zero", "Constant", &[], &["zero"])
+            .with_attr("value", Attribute::Tensor(edgefreeze_graph::Tensor::from_f32(vec![], &[0.0]).unwrap())),
+        Node::new("pad", "Equal", &["x", "zero"], &["pad"]),
+    ];
+    let mut m = model(17, vec![input("x", "batch 8")], nodes, &["y", "pad"]);
+    weight(&mut m, "we", &[8, 8]);
+    weight(&mut m, "w1", &[8, 8]);
+    let a = edgefreeze_graph::analyse(&prepare(m).unwrap()).unwrap();
+    let cut = a.cuts.iter().find(|c| c.tensor == "e").expect("a cut at the embedding's output");
+    assert!(cut.side_inputs.is_empty(), "{:?}", cut.side_inputs);
+}
