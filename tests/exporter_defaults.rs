@@ -21,7 +21,7 @@ fn fixture(name: &str) -> Model {
 
 /// Loss and gradients (by parameter name) of `model`'s gradient graph on a fixed batch.
 fn gradients(model: &Model, kind: &EngineKind) -> HashMap<String, Vec<f32>> {
-    let graph = gradient_graph(model, &Loss::CrossEntropy { label_smoothing: 0.0 }, &[]).unwrap();
+    let graph = gradient_graph(model, &Loss::cross_entropy(), &[]).unwrap();
     let input: Vec<f32> = (0..BATCH * 28 * 28).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
     let mut feeds: HashMap<String, Value> = HashMap::new();
     feeds.insert(

@@ -263,11 +263,7 @@ fn reject_wrong_gradients(f: &Fixture, what: &str, ours: &HashMap<String, Vec<f6
 }
 
 fn check_optimizer(f: &Fixture, kind: &EngineKind, key: &str, optimizer: Optimizer, lr: f32) {
-    let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
-        optimizer: optimizer.clone(),
-        frozen: vec![],
-    };
+    let spec = TrainingSpec { loss: Loss::cross_entropy(), optimizer: optimizer.clone(), frozen: vec![] };
     let graph = training_step_graph(&f.model, &spec).unwrap();
     let mut feeds = base_feeds(f);
     feeds.insert("lr".into(), Value::scalar_f32(lr));
@@ -359,14 +355,21 @@ fn check_model(name: &str, kinds: &[EngineKind]) {
     let f = fixture(name);
     for kind in kinds {
         TALLY.with(|t| *t.borrow_mut() = Tally::default());
-        check_gradients(&f, kind, Loss::CrossEntropy { label_smoothing: 0.0 }, "loss", "grad", None);
+        check_gradients(&f, kind, Loss::cross_entropy(), "loss", "grad", None);
         check_optimizer(&f, kind, "sgd", sgd(false), 0.1);
         check_optimizer(&f, kind, "adamw", adamw(), 1e-3);
         if f.tensors.contains_key("nesterov_loss") {
             check_optimizer(&f, kind, "nesterov", sgd(true), 0.1);
         }
         if f.tensors.contains_key("loss_smooth") {
-            check_gradients(&f, kind, Loss::CrossEntropy { label_smoothing: 0.1 }, "loss_smooth", "grad_smooth", None);
+            check_gradients(
+                &f,
+                kind,
+                Loss::CrossEntropy { label_smoothing: 0.1, ignore_index: None },
+                "loss_smooth",
+                "grad_smooth",
+                None,
+            );
         }
         if f.tensors.contains_key("loss_mse") {
             let labels = f.value("labels");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 #[test]
 fn every_rewritten_graph_is_standard_onnx_and_passes_the_checker() {
     let spec = StepSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
     };
     let dir = tempfile::tempdir().unwrap();

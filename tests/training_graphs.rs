@@ -13,7 +13,7 @@ use std::path::Path;
 
 fn spec() -> TrainingSpec {
     TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.1 },
+        loss: Loss::CrossEntropy { label_smoothing: 0.1, ignore_index: None },
         optimizer: Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 },
         frozen: vec![],
     }

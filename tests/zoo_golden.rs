@@ -50,6 +50,18 @@ impl Fixture {
         self.json["parameters"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
     }
 
+    /// The loss PyTorch differentiated: `loss_function` in the json (the segmentation
+    /// fixture's per-pixel cross-entropy with an ignored label), else plain cross-entropy.
+    fn loss(&self) -> Loss {
+        match self.json.get("loss_function") {
+            None => Loss::cross_entropy(),
+            Some(l) => {
+                assert_eq!(l["kind"], "cross-entropy", "{}: loss {l}", self.stem);
+                Loss::CrossEntropy { label_smoothing: 0.0, ignore_index: l["ignore_index"].as_i64() }
+            }
+        }
+    }
+
     fn number(&self, path: &[&str]) -> f64 {
         let mut v = &self.json;
         for key in path {
@@ -61,8 +73,7 @@ impl Fixture {
 
 fn check(stem: &str, kind: &EngineKind) {
     let f = fixture(stem);
-    let graph = gradient_graph(&f.model, &Loss::CrossEntropy { label_smoothing: 0.0 }, &[])
-        .unwrap_or_else(|e| panic!("{stem}: {e}"));
+    let graph = gradient_graph(&f.model, &f.loss(), &[]).unwrap_or_else(|e| panic!("{stem}: {e}"));
     let mut feeds: HashMap<String, Value> = HashMap::new();
     feeds.insert(f.model.graph.inputs[0].name.clone(), f.value("input"));
     feeds.insert("labels".into(), f.value("labels"));
@@ -156,6 +167,8 @@ zoo_tests! {
     timm_ops_dynamo: "ops_mini.dynamo",
     resize_modes_torchscript: "resize_mini.ts",
     resize_modes_dynamo: "resize_mini.dynamo",
+    segmentation_ignored_pixels_torchscript: "seg_mini.ts",
+    segmentation_ignored_pixels_dynamo: "seg_mini.dynamo",
     huggingface_bert_torchscript: "hf_bert.ts",
     huggingface_roberta_dynamo: "hf_roberta.dynamo",
     huggingface_gpt2_torchscript: "hf_gpt2.ts",

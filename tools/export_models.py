@@ -311,6 +311,57 @@ class M5(nn.Module):
         return self.fc1(x)
 
 
+# Segmentation FCN --------------------------------------------------------------
+
+FCN_CLASSES = 11  # the 10 Fashion-MNIST classes + background (class 10)
+
+
+class FCNDecoder(nn.Module):
+    """FCN28's decoder: conv-BN-ReLU at 7x7 (stride 2 from the 14x14 features) and 7x7, a
+    1x1 score conv, bilinear x2 to 14x14 plus a 1x1 score conv of the 14x14 features (the
+    FCN-16s skip), bilinear x2 to 28x28 (align_corners=False). The skip rejoins at the
+    add, so no single tensor can be cut inside: one unit, like a residual block."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.conv3 = nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(64)
+        self.relu3 = nn.ReLU()
+        self.conv4 = nn.Conv2d(64, 64, 3, stride=1, padding=1, bias=False)
+        self.bn4 = nn.BatchNorm2d(64)
+        self.relu4 = nn.ReLU()
+        self.score = nn.Conv2d(64, num_classes, 1)
+        self.score_skip = nn.Conv2d(32, num_classes, 1)
+
+    def forward(self, skip):
+        x = self.relu3(self.bn3(self.conv3(skip)))  # 64 x 7 x 7
+        x = self.relu4(self.bn4(self.conv4(x)))  # 64 x 7 x 7
+        x = F.interpolate(self.score(x), scale_factor=2.0, mode="bilinear", align_corners=False)  # 11 x 14 x 14
+        x = x + self.score_skip(skip)
+        return F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)  # 11 x 28 x 28
+
+
+class FCN28(nn.Module):
+    """A small fully convolutional segmentation network (Long et al. 2015) for 1x28x28:
+    per-pixel class maps [N, 11, 28, 28]. conv-BN-ReLU at 28x28 and 14x14 (stride 2), then
+    the decoder (FCNDecoder) with its skip from the 14x14 features."""
+
+    def __init__(self, num_classes: int = FCN_CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(32)
+        self.relu2 = nn.ReLU()
+        self.decoder = FCNDecoder(num_classes)
+
+    def forward(self, x):
+        x = self.relu1(self.bn1(self.conv1(x)))  # 16 x 28 x 28
+        skip = self.relu2(self.bn2(self.conv2(x)))  # 32 x 14 x 14
+        return self.decoder(skip)
+
+
 # ---------------------------------------------------------------------------
 # Model table
 # ---------------------------------------------------------------------------
@@ -326,6 +377,12 @@ class Spec:
     num_classes: int
     dynamo: bool = False
     notes: list = field(default_factory=list)
+    # per-sample output shape; None: (num_classes,), a classifier's
+    output_shape: tuple | None = None
+
+    @property
+    def logits_shape(self) -> tuple:
+        return tuple(self.output_shape) if self.output_shape is not None else (self.num_classes,)
 
 
 SPECS = [
@@ -350,6 +407,11 @@ SPECS = [
          (SEQ_LEN,), "int64", 2, dynamo=True),
     Spec("kws_m5", M5, "M5 raw-audio CNN (Dai et al. 2017), 32 channels, 35 keywords, for 1x16000",
          (1, 16000), "float32", 35),
+    Spec("fcn_28", FCN28,
+         "FCN segmentation net (Long et al. 2015), conv-BN-ReLU 16@28x28 / 32@14x14 / 64@7x7 / 64@7x7, "
+         "1x1 score conv, bilinear x2 + 1x1 score conv of the 14x14 features (FCN-16s skip), bilinear x2; "
+         "per-pixel logits [batch, 11, 28, 28] (10 Fashion-MNIST classes + background = class 10), for 1x28x28",
+         (1, 28, 28), "float32", FCN_CLASSES, output_shape=(FCN_CLASSES, 28, 28)),
 ]
 
 # Larger torchvision models for `edgefreeze bench` only (issue 9's ResNet-18 and
@@ -385,7 +447,7 @@ BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d)
 
 
 def is_residual_block(m: nn.Module) -> bool:
-    if isinstance(m, (BasicBlock, PreNormResidual)):
+    if isinstance(m, (BasicBlock, PreNormResidual, FCNDecoder)):
         return True
     return isinstance(m, InvertedResidual) and bool(m.use_res_connect)
 
@@ -610,7 +672,7 @@ def verify(path: str, model: nn.Module, spec: Spec, expect_external: bool = Fals
     assert [o.name for o in m.graph.output] == ["logits"], [o.name for o in m.graph.output]
     in_dims, out_dims = dims(m.graph.input[0]), dims(m.graph.output[0])
     assert in_dims == ["batch", *spec.input_shape], (path, in_dims)
-    assert out_dims == ["batch", spec.num_classes], (path, out_dims)
+    assert out_dims == ["batch", *spec.logits_shape], (path, out_dims)
 
     # every BatchNorm module must survive as a BatchNormalization node
     n_bn_modules = sum(isinstance(mm, BN_TYPES) for mm in model.modules())
@@ -638,7 +700,7 @@ def verify(path: str, model: nn.Module, spec: Spec, expect_external: bool = Fals
     with torch.no_grad():
         ref = model(x).numpy()
     (got,) = sess.run(["logits"], {"input": x.numpy()})
-    assert got.shape == ref.shape == (3, spec.num_classes), (got.shape, ref.shape)
+    assert got.shape == ref.shape == (3, *spec.logits_shape), (got.shape, ref.shape)
     diff = float(np.max(np.abs(got - ref)))
     assert diff < ATOL, f"{path}: max abs diff {diff}"
 
@@ -666,7 +728,7 @@ def sidecar(name: str, file: str, spec: Spec, exporter: str, opset: int, model: 
         "opset": opset,
         "torch_version": torch.__version__,
         "input": {"name": "input", "dtype": spec.input_dtype, "shape": ["batch", *spec.input_shape]},
-        "output": {"name": "logits", "shape": ["batch", spec.num_classes]},
+        "output": {"name": "logits", "shape": ["batch", *spec.logits_shape]},
         "parameters": int(sum(p.numel() for p in model.parameters())),
         "buffers": int(count_buffers(model)),
         "units": units,
@@ -683,7 +745,7 @@ def write_readme(out: str, rows: list) -> None:
     lines = [
         "# Reference ONNX models",
         "",
-        "Small classifiers exported with PyTorch's own ONNX exporters by",
+        "Small classifiers (and one segmentation model, `fcn_28`) exported with PyTorch's own ONNX exporters by",
         "[`tools/export_models.py`](../tools/export_models.py). Weights are random",
         "(`torch.manual_seed(0)`; BatchNorm/LayerNorm affine parameters and running",
         "statistics are re-drawn from the same seeded RNG so they are not the trivial",
@@ -731,6 +793,10 @@ def write_readme(out: str, rows: list) -> None:
         "  names are `<unit>.<...>` as in PyTorch.",
         "- MobileNetV2 keeps torchvision's ImageNet strides, so on 32x32 input the",
         "  feature map is 1x1 from `features.14` on.",
+        "- `fcn_28.onnx` is a segmentation model: its `logits` are per-pixel class maps",
+        "  `[batch, 11, 28, 28]` (classes 0-9 Fashion-MNIST, 10 background), for",
+        "  `--loss cross-entropy[:ignore=I]` against int64 labels `[batch, 28, 28]`; its",
+        "  upsampling is `Resize` (linear, `half_pixel`: bilinear with `align_corners=False`).",
         "- `mlp_external.onnx` + `mlp_external.onnx.data` is `mlp.onnx` re-saved with",
         "  `save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0`",
         "  (all initializers in the `.data` file).",

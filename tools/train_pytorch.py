@@ -6,8 +6,10 @@ Usage:
         --batch 128 --lr 0.05 --schedule cosine
 
 Trains one of the 1x28x28 reference models (``lenet5``, ``resnet20_28``,
-``mlp``) on Fashion-MNIST with the recipe of the Rust trainer, so that both
-trainers can be compared run for run:
+``mlp``) on Fashion-MNIST, or the segmentation model ``fcn_28`` on its
+segmentation variant (``--data fashion-mnist-seg``, the Rust dataset of that
+name), with the recipe of the Rust trainer, so that both trainers can be
+compared run for run:
 
 * initial weights: *every* parameter and BatchNorm buffer (running mean/var)
   of the PyTorch module (built with ``tools/export_models.py``) is loaded from
@@ -22,6 +24,16 @@ trainers can be compared run for run:
   seeded generator and cut into batches of ``--batch``; the last partial batch
   is kept;
 * loss: mean cross-entropy (``--label-smoothing``);
+* ``--data fashion-mnist-seg``: the same normalised images, labelled per pixel
+  (pixel value ``p >= 32``: the image's class, ``p == 0``: 10, background,
+  else 255, unlabelled); logits ``[N, 11, 28, 28]``, loss
+  ``F.cross_entropy(..., ignore_index=255)`` (mean over the labelled pixels of
+  the batch; 0 if it has none, as in Rust).  Accuracy is aggregated as the Rust
+  trainer does: per batch ``correct_b = hits_b / max(labelled_b, 1) * n_b``,
+  accuracy ``= sum(correct_b) / sum(n_b)``, loss ``= sum(loss_b * n_b) / sum(n_b)``;
+  the test split is cut into batches of ``--batch`` (as in Rust) unless
+  ``--eval-batch`` is given.  Augmentation moves the mask with its image,
+  labelling the pixels a crop brings in 10;
 * optimizer: ``torch.optim.SGD`` (momentum, dampening 0, optional Nesterov)
   with weight decay applied to *all* parameters (BN affine and biases too);
 * the learning rate is set before every update ``t = 0 .. T-1``
@@ -72,6 +84,13 @@ SPLIT_FILES = {
 }
 IMAGE_SHAPE = (1, 28, 28)
 NUM_CLASSES = 10
+DATASETS = ("fashion-mnist", "fashion-mnist-seg")
+# fashion-mnist-seg (crates/data/src/named.rs): SEGMENT_THRESHOLD, BACKGROUND, UNLABELLED
+SEG_THRESHOLD = 32
+SEG_BACKGROUND = 10
+SEG_UNLABELLED = 255
+SEG_CLASSES = SEG_BACKGROUND + 1
+DEFAULT_EVAL_BATCH = 1000  # classification (the aggregation does not depend on it there)
 SCHEDULES = ("constant", "cosine", "warmup-cosine", "step")
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 ORT_CHECK_ATOL = 1e-4
@@ -132,6 +151,15 @@ def normalize(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
     return torch.from_numpy(lut[images]).unsqueeze(1)
 
 
+def segment_masks(images: np.ndarray, labels: np.ndarray) -> torch.Tensor:
+    """Per-pixel labels ``[N, 28, 28]`` uint8 of ``ImageDataset::segmented(32, 10, 255)``:
+    ``p >= 32`` -> the image's class, ``p == 0`` -> 10 (background), else 255 (unlabelled)."""
+    cls = labels.astype(np.uint8)[:, None, None]
+    masks = np.where(images >= SEG_THRESHOLD, cls,
+                     np.where(images == 0, np.uint8(SEG_BACKGROUND), np.uint8(SEG_UNLABELLED)))
+    return torch.from_numpy(np.ascontiguousarray(masks.astype(np.uint8)))
+
+
 def parse_augment(text: str) -> dict:
     """``"crop:2,flip"`` -> ``{"crop_padding": 2, "flip": True}``; ``"none"`` / ``""`` -> no augmentation."""
     aug = {"crop_padding": 0, "flip": False}
@@ -150,15 +178,18 @@ def parse_augment(text: str) -> dict:
     return aug
 
 
-def augment_batch(x: torch.Tensor, aug: dict, pad_value: float, gen: torch.Generator) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, aug: dict, pad_value: float, gen: torch.Generator,
+                  mask: torch.Tensor | None = None, mask_pad: int = SEG_BACKGROUND):
     """Random crop after padding by ``crop_padding`` with ``pad_value`` and/or horizontal flip (p = 0.5).
 
     Same semantics as the Rust ``augment``: ``out[y, x] = img[y + dy, (W-1-x if flip else x) + dx]``
     with ``dy, dx`` uniform in ``[-P, P]`` and out-of-range pixels set to the padding value.
+    With ``mask`` (``[B, H, W]`` per-pixel labels) returns ``(images, masks)``, the masks moved
+    the same way and the pixels brought in from outside labelled ``mask_pad``.
     """
     p, flip = aug["crop_padding"], aug["flip"]
     if p == 0 and not flip:
-        return x
+        return x if mask is None else (x, mask)
     b, _, h, w = x.shape
     xp = F.pad(x, (p, p, p, p), value=pad_value) if p else x
     dy = torch.randint(-p, p + 1, (b,), generator=gen)
@@ -171,7 +202,11 @@ def augment_batch(x: torch.Tensor, aug: dict, pad_value: float, gen: torch.Gener
     cols = cols + dx[:, None] + p  # [B, W]
     idx_b = torch.arange(b)[:, None, None]
     out = xp[idx_b, :, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
-    return out.permute(0, 3, 1, 2).contiguous()
+    out = out.permute(0, 3, 1, 2).contiguous()
+    if mask is None:
+        return out
+    mp = F.pad(mask, (p, p, p, p), value=mask_pad) if p else mask
+    return out, mp[idx_b, rows[:, :, None], cols[:, None, :]].contiguous()  # [B, H, W]
 
 
 # ---------------------------------------------------------------------------
@@ -179,8 +214,9 @@ def augment_batch(x: torch.Tensor, aug: dict, pad_value: float, gen: torch.Gener
 # ---------------------------------------------------------------------------
 
 
-def spec_for(onnx_path: str, name: str | None) -> em.Spec:
-    """The export spec of the model (``--model`` or the ONNX file stem without ``_dynamo``)."""
+def spec_for(onnx_path: str, name: str | None, data: str = "fashion-mnist") -> em.Spec:
+    """The export spec of the model (``--model`` or the ONNX file stem without ``_dynamo``),
+    checked to fit the dataset ``data``."""
     if name is None:
         name = os.path.splitext(os.path.basename(onnx_path))[0]
         if name.endswith("_dynamo"):
@@ -189,6 +225,13 @@ def spec_for(onnx_path: str, name: str | None) -> em.Spec:
     if name not in specs:
         raise SystemExit(f"error: unknown model {name!r}; pass --model (one of {', '.join(specs)})")
     spec = specs[name]
+    if data == "fashion-mnist-seg":
+        want = (SEG_CLASSES,) + IMAGE_SHAPE[1:]
+        if (tuple(spec.input_shape) != IMAGE_SHAPE or spec.input_dtype != "float32"
+                or tuple(spec.logits_shape) != want):
+            raise SystemExit(f"error: model {name!r} takes {spec.input_shape} {spec.input_dtype} and gives "
+                             f"{spec.logits_shape}; fashion-mnist-seg needs {IMAGE_SHAPE} float32 -> {want}")
+        return spec
     if tuple(spec.input_shape) != IMAGE_SHAPE or spec.input_dtype != "float32" or spec.num_classes != NUM_CLASSES:
         raise SystemExit(f"error: model {name!r} takes {spec.input_shape} {spec.input_dtype} with "
                          f"{spec.num_classes} classes; Fashion-MNIST needs {IMAGE_SHAPE} float32, 10 classes")
@@ -242,6 +285,8 @@ def check_against_ort(model: nn.Module, onnx_path: str, x: torch.Tensor) -> floa
     with torch.no_grad():
         ref = model(x).numpy()
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    if got.shape != ref.shape:
+        raise SystemExit(f"error: onnxruntime gives {list(got.shape)}, the module {list(ref.shape)}")
     diff = float(np.max(np.abs(got - ref)))
     if not diff < ORT_CHECK_ATOL:
         raise SystemExit(f"error: loaded module differs from onnxruntime by {diff:g} (> {ORT_CHECK_ATOL:g})")
@@ -270,14 +315,36 @@ def lr_at(t: int, epoch: int, total: int, args: argparse.Namespace) -> float:
     raise ValueError(args.schedule)
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple:
-    """(mean cross-entropy, accuracy) of the eval-mode model."""
+def seg_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over the labelled pixels (``ignore_index=255``); 0 (with a zero
+    gradient) for a batch without any, as the Rust loss (PyTorch's mean would be NaN)."""
+    if not bool((labels != SEG_UNLABELLED).any()):
+        return (logits * 0.0).sum()
+    return F.cross_entropy(logits, labels, ignore_index=SEG_UNLABELLED, label_smoothing=label_smoothing)
+
+
+def seg_correct(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The Rust trainer's per-batch ``correct``: hits / max(labelled, 1) * batch size."""
+    kept = labels != SEG_UNLABELLED
+    hits = int(((logits.argmax(1) == labels) & kept).sum())
+    return hits / max(int(kept.sum()), 1) * labels.shape[0]
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, seg: bool = False) -> tuple:
+    """(mean cross-entropy, accuracy) of the eval-mode model.
+
+    ``seg``: per-pixel labels; loss and accuracy are aggregated per batch of ``batch`` as in
+    the Rust trainer (``sum(loss_b * n_b) / N``, ``sum(correct_b) / N``)."""
     model.eval()
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
         for i in range(0, x.shape[0], batch):
             logits = model(x[i: i + batch])
-            yb = y[i: i + batch]
+            yb = y[i: i + batch].long()
+            if seg:
+                loss_sum += float(seg_loss(logits, yb)) * yb.shape[0]
+                correct += seg_correct(logits, yb)
+                continue
             loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
             correct += int((logits.argmax(1) == yb).sum())
     return loss_sum / x.shape[0], correct / x.shape[0]
@@ -303,7 +370,8 @@ def train(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
-    spec = spec_for(args.onnx, args.model)
+    seg = args.data == "fashion-mnist-seg"
+    spec = spec_for(args.onnx, args.model, args.data)
 
     train_u8, train_y = load_split(args.data_dir, "train")
     test_u8, test_y = load_split(args.data_dir, "test")
@@ -312,8 +380,13 @@ def train(args: argparse.Namespace) -> dict:
         train_u8, train_y = train_u8[: args.limit], train_y[: args.limit]
     x_train = normalize(train_u8, mean, std)
     x_test = normalize(test_u8, mean, std)
-    y_train = torch.from_numpy(train_y)
-    y_test = torch.from_numpy(test_y)
+    if seg:  # per-pixel labels, uint8 [N, 28, 28] (cast to int64 per batch)
+        y_train = segment_masks(train_u8, train_y)
+        y_test = segment_masks(test_u8, test_y)
+    else:
+        y_train = torch.from_numpy(train_y)
+        y_test = torch.from_numpy(test_y)
+    eval_batch = args.eval_batch or (args.batch if seg else DEFAULT_EVAL_BATCH)
     pad_value = float(np.float32((0.0 - mean) / std))
     n = x_train.shape[0]
     steps_per_epoch = math.ceil(n / args.batch)
@@ -345,8 +418,9 @@ def train(args: argparse.Namespace) -> dict:
             "bn_momentum": 0.1, "updates": total, "updates_per_epoch": steps_per_epoch,
         },
         "data": {
-            "dir": args.data_dir, "train_samples": n, "test_samples": int(x_test.shape[0]),
+            "name": args.data, "dir": args.data_dir, "train_samples": n, "test_samples": int(x_test.shape[0]),
             "mean": mean, "std": std, "std_ddof": 0, "stats_over": "all pixels of the full training split",
+            "eval_batch": eval_batch,
         },
         "init": {**load_info, "ort_max_abs_diff": ort_diff},
         "torch": torch.__version__,
@@ -354,6 +428,17 @@ def train(args: argparse.Namespace) -> dict:
         "threads": torch.get_num_threads(),
         "epochs": [],
     }
+    if seg:
+        def fractions(y: torch.Tensor) -> dict:
+            counts = torch.bincount(y.reshape(-1).long(), minlength=256).double()
+            return {"labelled": float(1 - counts[SEG_UNLABELLED] / counts.sum()),
+                    "background": float(counts[SEG_BACKGROUND] / counts.sum())}
+        summary["data"]["segmentation"] = {
+            "classes": SEG_CLASSES, "threshold": SEG_THRESHOLD, "background": SEG_BACKGROUND,
+            "unlabelled": SEG_UNLABELLED, "loss": "cross-entropy, ignore_index=255, mean over labelled pixels",
+            "accuracy": "per batch hits/max(labelled,1)*n_b, summed over batches / samples (Rust trainer)",
+            "pixel_fractions": {"train": fractions(y_train), "test": fractions(y_test)},
+        }
     print(f"{spec.name}: {n} train / {x_test.shape[0]} test samples, mean {mean:.6f} std {std:.6f}, "
           f"{total} updates ({steps_per_epoch}/epoch), {summary['threads']} threads, "
           f"init from {args.onnx} ({load_info['loaded']} tensors, ort diff {ort_diff})", flush=True)
@@ -367,13 +452,20 @@ def train(args: argparse.Namespace) -> dict:
         lr = args.lr
         for i in range(0, n, args.batch):
             idx = order[i: i + args.batch]
-            xb = augment_batch(x_train[idx], args.aug, pad_value, aug_gen)
-            yb = y_train[idx]
+            if seg:
+                xb, yb = augment_batch(x_train[idx], args.aug, pad_value, aug_gen, mask=y_train[idx])
+                yb = yb.long()
+            else:
+                xb = augment_batch(x_train[idx], args.aug, pad_value, aug_gen)
+                yb = y_train[idx]
             lr = lr_at(t, epoch, total, args)
             for group in opt.param_groups:
                 group["lr"] = lr
             logits = model(xb)
-            loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
+            if seg:
+                loss = seg_loss(logits, yb, args.label_smoothing)
+            else:
+                loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -381,10 +473,13 @@ def train(args: argparse.Namespace) -> dict:
             if not math.isfinite(loss_value):
                 raise SystemExit(f"error: non-finite loss at update {t}")
             loss_sum += loss_value * yb.shape[0]
-            correct += int((logits.detach().argmax(1) == yb).sum())
+            if seg:
+                correct += seg_correct(logits.detach(), yb)
+            else:
+                correct += int((logits.detach().argmax(1) == yb).sum())
             t += 1
         train_seconds = time.perf_counter() - t_epoch
-        test_loss, test_acc = evaluate(model, x_test, y_test, args.eval_batch)
+        test_loss, test_acc = evaluate(model, x_test, y_test, eval_batch, seg)
         row = {
             "epoch": epoch + 1, "updates": t, "lr_last": lr,
             "train_loss": loss_sum / n, "train_acc": correct / n,
@@ -411,6 +506,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--onnx", required=True, help="ONNX model whose initializers are the initial weights")
     ap.add_argument("--model", default=None,
                     help="export_models.py spec name (if unset: ONNX file stem without _dynamo)")
+    ap.add_argument("--data", choices=DATASETS, default="fashion-mnist",
+                    help="fashion-mnist (classification) or fashion-mnist-seg (per-pixel labels, 11 classes)")
     ap.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="directory with the Fashion-MNIST IDX .gz files")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=128, help="batch size (last partial batch kept)")
@@ -426,7 +523,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--augment", default="", help="'crop:P,flip', 'crop:P', 'flip' or 'none'")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=0, help="use only the first N training samples (0: all)")
-    ap.add_argument("--eval-batch", type=int, default=1000, help="batch size for testing")
+    ap.add_argument("--eval-batch", type=int, default=0,
+                    help=f"batch size for testing (0: {DEFAULT_EVAL_BATCH}; fashion-mnist-seg: --batch, as in Rust)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads")
     ap.add_argument("--no-check-ort", action="store_true",
                     help="skip the onnxruntime check of the loaded initial weights")
@@ -436,12 +534,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.aug = parse_augment(args.augment)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         ap.error(f"--augment: {exc}")
-    if args.epochs < 1 or args.batch < 1 or args.threads < 1 or args.limit < 0:
-        ap.error("--epochs, --batch and --threads must be >= 1 and --limit >= 0")
+    if args.epochs < 1 or args.batch < 1 or args.threads < 1 or args.limit < 0 or args.eval_batch < 0:
+        ap.error("--epochs, --batch and --threads must be >= 1 and --limit, --eval-batch >= 0")
     if args.schedule == "step" and args.step_every < 1:
         ap.error("--step-every must be >= 1")
     if args.out is None:
-        args.out = os.path.join("runs", f"pytorch_{spec_for(args.onnx, args.model).name}.json")
+        suffix = "_seg" if args.data == "fashion-mnist-seg" else ""
+        args.out = os.path.join("runs", f"pytorch_{spec_for(args.onnx, args.model, args.data).name}{suffix}.json")
     return args
 
 

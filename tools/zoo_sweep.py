@@ -190,7 +190,9 @@ TIMM = [
 # torchvision's segmentation models (bilinear upsampling: Resize in linear mode), random
 # weights, 10 classes, through a head that averages each class's map to one logit, so that
 # the classification loss reaches every pixel; and its video classifiers (Conv3d,
-# BatchNorm3d, 3-D pooling) on clips of 4 frames: (name, input side).
+# BatchNorm3d, 3-D pooling) on clips of 4 frames: (name, input side). Family `segpx_`: the
+# same segmentation models with the loss they train with, per-pixel cross-entropy on their
+# `out` map [N, 10, H, W] (`MapsOut`), about 10% of the labels SEG_IGNORE (see LOSSES).
 SEGMENTATION = [("fcn_resnet50", 64), ("deeplabv3_mobilenet_v3_large", 64), ("deeplabv3_resnet50", 64),
                 ("lraspp_mobilenet_v3_large", 64)]
 # (S3D is left out: its last pooling needs clips of 16 frames at 224×224, too large for
@@ -208,6 +210,17 @@ class MapsToLogits(nn.Module):
 
     def forward(self, x):
         return self.model(x)["out"].mean(dim=(2, 3))
+
+
+class MapsOut(nn.Module):
+    """A segmentation model's per-pixel class scores [N, C, H, W] (its `out` map)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"]
 
 
 class ResizeMini(nn.Module):
@@ -280,6 +293,34 @@ class OpsMini(nn.Module):
         return self.fc(x)
 
 
+SEG_CLASSES = 5
+# The label of the pixels seg_mini's loss leaves out (cross-entropy's ignore_index).
+SEG_IGNORE = 255
+
+
+class SegMini(nn.Module):
+    """A tiny segmentation network: conv-BN-ReLU at full resolution, a stride-2 conv-BN-ReLU,
+    another conv-BN-ReLU, a 1x1 class-score conv and a bilinear upsampling (align_corners
+    False) back to the input's size: per-pixel logits [N, SEG_CLASSES, H, W], trained with a
+    per-pixel cross-entropy that ignores the label SEG_IGNORE (see LOSSES)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.conv3 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(16)
+        self.head = nn.Conv2d(16, SEG_CLASSES, 1)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = F.relu(self.bn3(self.conv3(x)))
+        return F.interpolate(self.head(x), scale_factor=2.0, mode="bilinear", align_corners=False)
+
+
 def small_model(name: str):
     """The reduced-width torchvision models of the CI fixtures."""
     from torchvision.models import ShuffleNetV2
@@ -292,6 +333,8 @@ def small_model(name: str):
         return OpsMini()
     if name == "resize_mini":
         return ResizeMini()
+    if name == "seg_mini":
+        return SegMini()
     if name == "shufflenet_v2_mini":
         return ShuffleNetV2([2, 2, 2], [8, 16, 32, 64, 128], num_classes=NUM_CLASSES)
     if name == "mobilenet_v3_small_025":
@@ -338,6 +381,10 @@ FIXTURES = [
     # Bilinear, bicubic and fractional nearest Resize (segmentation models' upsampling).
     ("resize_mini", "ts", 16),
     ("resize_mini", "dynamo", 16),
+    # Per-pixel cross-entropy with ignored pixels (segmentation training): logits
+    # [N, 5, 16, 16] against int64 labels [N, 16, 16], about 10% of them SEG_IGNORE.
+    ("seg_mini", "ts", 16),
+    ("seg_mini", "dynamo", 16),
     ("hf_bert", "ts", None),
     ("hf_roberta", "dynamo", None),
     ("hf_gpt2", "ts", None),
@@ -345,6 +392,39 @@ FIXTURES = [
     ("hf_llama", "dynamo", None),
 ]
 FIXTURE_SIDES = {name: side for name, _, side in FIXTURES if side}
+# The loss of the models that are not trained with plain cross-entropy on class labels [N]:
+# what the fixture's json records under "loss_function" (absent: plain cross-entropy).
+LOSSES = {"seg_mini": {"kind": "cross-entropy", "ignore_index": SEG_IGNORE}}
+LOSSES.update({f"segpx_{n}": {"kind": "cross-entropy", "ignore_index": SEG_IGNORE} for n, _ in SEGMENTATION})
+
+
+def make_labels(name: str, x: torch.Tensor, seed: int) -> torch.Tensor:
+    """The labels of a model's batch: class labels [N] in 0..NUM_CLASSES from
+    RandomState(seed), or for seg_mini (segpx_*) per-pixel labels [N, H, W] in
+    0..SEG_CLASSES (0..NUM_CLASSES) with about 10% of the pixels SEG_IGNORE."""
+    rs = np.random.RandomState(seed)
+    if name == "seg_mini" or name.startswith("segpx_"):
+        dims = (x.shape[0], x.shape[2], x.shape[3])
+        y = rs.randint(0, SEG_CLASSES if name == "seg_mini" else NUM_CLASSES, size=dims)
+        y[rs.random_sample(dims) < 0.1] = SEG_IGNORE
+        return torch.from_numpy(y.astype(np.int64))
+    return torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
+
+
+def criterion(logits: torch.Tensor, y: torch.Tensor, loss=None) -> torch.Tensor:
+    """PyTorch's loss for a LOSSES entry (None: plain cross-entropy, mean over the batch)."""
+    if loss is None:
+        return F.cross_entropy(logits, y)
+    assert loss["kind"] == "cross-entropy", loss
+    return F.cross_entropy(logits, y, ignore_index=loss.get("ignore_index", -100))
+
+
+def loss_option(loss) -> list:
+    """`edgefreeze convert`'s --loss for a LOSSES entry ([] for the default)."""
+    if loss is None:
+        return []
+    assert loss["kind"] == "cross-entropy", loss
+    return ["--loss", f"cross-entropy:ignore={loss['ignore_index']}"] if "ignore_index" in loss else []
 
 
 def build(name: str, seed: int = DATA_SEED):
@@ -362,20 +442,20 @@ def build(name: str, seed: int = DATA_SEED):
         redraw_norms(model)
         rs = np.random.RandomState(seed)
         return model, torch.from_numpy(rs.standard_normal((BATCH, 3, side, side)).astype(np.float32))
-    if name.startswith("seg_") or name.startswith("video_"):
+    if name.startswith(("seg_", "segpx_", "video_")):
         import torchvision
 
         family, base = name.split("_", 1)
         side = SIDE or dict(SEGMENTATION + VIDEO)[base]
         kwargs = {"weights": None, "num_classes": NUM_CLASSES}
-        if family == "seg":
+        if family in ("seg", "segpx"):
             kwargs["weights_backbone"] = None
         model = torchvision.models.get_model(base, **kwargs)
-        if family == "seg":
-            model = MapsToLogits(model)
+        if family in ("seg", "segpx"):
+            model = (MapsToLogits if family == "seg" else MapsOut)(model)
         redraw_norms(model)
         rs = np.random.RandomState(seed)
-        dims = (BATCH, 3, side, side) if family == "seg" else (BATCH, 3, FRAMES.get(base, 4), side, side)
+        dims = (BATCH, 3, side, side) if family in ("seg", "segpx") else (BATCH, 3, FRAMES.get(base, 4), side, side)
         return model, torch.from_numpy(rs.standard_normal(dims).astype(np.float32))
     if name.startswith("hf_"):
         model = TokensToLogits(huggingface(name))
@@ -482,14 +562,16 @@ def export(model: nn.Module, x: torch.Tensor, exporter: str, path: str):
 # ---------------------------------------------------------------------------
 
 
-def torch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype, logits_out=None):
+def torch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype, logits_out=None, loss=None):
+    """PyTorch's loss and parameter gradients in `dtype`; `loss` is a LOSSES entry (None:
+    plain cross-entropy)."""
     m = copy.deepcopy(model).to(dtype)
     m.train()
     xin = x if x.dtype == torch.int64 else x.to(dtype)
     logits = m(xin)
     if logits_out is not None:
         logits_out.append(logits.detach().to(torch.float64).numpy())
-    loss = F.cross_entropy(logits, y)
+    loss = criterion(logits, y, loss)
     loss.backward()
     grads = {n: p.grad.detach().to(torch.float64).numpy().copy() for n, p in m.named_parameters()
              if p.grad is not None}
@@ -503,7 +585,7 @@ PERTURBATION = 1e-6
 KINK_LIMIT = 100 * PERTURBATION
 
 
-def kink_sensitivity(model, x, y, g64):
+def kink_sensitivity(model, x, y, g64, loss=None):
     """Largest relative change of a float64 gradient (of tensors above 1e-3 of the largest
     norm) when the input is scaled elementwise by 1 + PERTURBATION * N(0, 1): about
     PERTURBATION for a smooth loss. Token inputs cannot be perturbed: 0."""
@@ -511,7 +593,7 @@ def kink_sensitivity(model, x, y, g64):
         return 0.0
     gen = torch.Generator().manual_seed(3)
     xp = x.double() * (1 + PERTURBATION * torch.randn(x.shape, generator=gen, dtype=torch.float64))
-    _, moved = torch_grads(model, xp, y, torch.float64)
+    _, moved = torch_grads(model, xp, y, torch.float64, loss=loss)
     top = max(float(np.linalg.norm(g.ravel())) for g in g64.values())
     return max(rel_l2(moved[n], g)[0] for n, g in g64.items() if np.linalg.norm(g.ravel()) > 1e-3 * top)
 
@@ -673,7 +755,7 @@ def eps_as_exported(model: nn.Module) -> nn.Module:
     return m
 
 
-def f64_check(conv_dir: str, model_path: str, model: nn.Module, x, y):
+def f64_check(conv_dir: str, model_path: str, model: nn.Module, x, y, loss=None):
     """Our gradient graph evaluated in float64 (tools/f64_check.py) against PyTorch's float64
     gradients of the model as exported (`eps_as_exported`): (worst error, its tensor,
     seconds). The error of a tensor is its relative L2 error, or for a tensor that is zero
@@ -683,7 +765,7 @@ def f64_check(conv_dir: str, model_path: str, model: nn.Module, x, y):
     import f64_check as f64
 
     start = time.time()
-    loss64, g64 = torch_grads(eps_as_exported(model), x, y, torch.float64)
+    loss64, g64 = torch_grads(eps_as_exported(model), x, y, torch.float64, loss=loss)
     grad = onnx.load(os.path.join(conv_dir, "grad.onnx"))
     feeds, mapping = grad_feeds([i.name for i in grad.graph.input], model_path, model, x, y)
     got = f64.run_double(grad, feeds)
@@ -772,7 +854,8 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, chec
     conv = os.path.join(work, "converted")
     if os.path.exists(conv):
         subprocess.run(["rm", "-rf", conv], check=True)
-    p, seconds, rss, cpu = run_cli(binary, ["convert", model_path, "--out", conv], timeout)
+    loss_spec = LOSSES.get(name)
+    p, seconds, rss, cpu = run_cli(binary, ["convert", model_path, "--out", conv] + loss_option(loss_spec), timeout)
     row["convert"] = "ok" if p.returncode == 0 else first_line(p.stderr)
     row["convert_s"] = seconds
     row["convert_cpu_s"] = cpu
@@ -788,15 +871,14 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, chec
     row["step_nodes"] = len(onnx.load(os.path.join(conv, "train_step.onnx"), load_external_data=False).graph.node)
     if convert_only:
         return row
-    rs = np.random.RandomState(DATA_SEED + 1)
-    y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
+    y = make_labels(name, x, DATA_SEED + 1)
     try:
         loss, grads, _ = run_grad(conv, model_path, model, x, y)
     except Exception as exc:
         row["gradient"] = f"{ENGINE} failed: {first_line(str(exc))}"
         return row
-    loss64, g64 = torch_grads(model, x, y, torch.float64)
-    loss32, g32 = torch_grads(model, x, y, torch.float32)
+    loss64, g64 = torch_grads(model, x, y, torch.float64, loss=loss_spec)
+    loss32, g32 = torch_grads(model, x, y, torch.float32, loss=loss_spec)
     rows = compare(loss, grads, loss64, g64, loss32, g32)
     worst = max(rows, key=lambda r: r[1] / r[2] if r[2] > 0 else float("inf"))
     failing = [r for r in rows if not r[1] <= r[2]]
@@ -806,16 +888,16 @@ def sweep_one(name, exporter, out_dir, binary, timeout, convert_only=False, chec
     row["gradient"] = "match" if not failing else f"{len(failing)} of {len(rows)} off"
     row["failing_tensors"] = [r[0] for r in failing][:12]
     if check_f64:
-        err, tensor, seconds = f64_check(conv, model_path, model, x, y)
+        err, tensor, seconds = f64_check(conv, model_path, model, x, y, loss=loss_spec)
         row["f64"] = {"error": err, "tensor": tensor, "seconds": seconds}
-        row["sensitivity"] = kink_sensitivity(model, x, y, g64)
+        row["sensitivity"] = kink_sensitivity(model, x, y, g64, loss=loss_spec)
         row["near_ties"] = pool_near_ties(model, x)
     if check_branches:
-        row["branch"] = branch_row(conv, model_path, model, x, y)
+        row["branch"] = branch_row(conv, model_path, model, x, y, loss=loss_spec)
     return row
 
 
-def branch_row(conv, model_path, model, x, y):
+def branch_row(conv, model_path, model, x, y, loss=None):
     """`tools/branch_check.py` on one converted model: our float32 gradients against float64
     with our run's ReLU, ReLU6 and max-pool decisions imposed; or why it could not run."""
     import branch_check as bc
@@ -827,7 +909,7 @@ def branch_row(conv, model_path, model, x, y):
             conv, model_path, model, x, y,
             feeds_for=lambda names: grad_feeds(names, model_path, model, x, y)[0],
             grads_from=lambda outs: grads_by_torch_name(outs, mapping),
-            torch_grads=torch_grads, compare=compare)
+            torch_grads=lambda *a, **k: torch_grads(*a, loss=loss, **k), compare=compare)
     except Exception as exc:  # a model whose branches cannot be paired, say
         return {"error": f"{type(exc).__name__}: {first_line(str(exc))}"}
     result["seconds"] = time.time() - start
@@ -1018,14 +1100,14 @@ def write_fixture(name, exporter, out_dir):
 
     # The first data seed at which the loss is smooth (see KINK_LIMIT), else the smoothest
     # of ten.
+    loss_spec = LOSSES.get(name)
     tries = []
     for seed in range(DATA_SEED, DATA_SEED + 10):
         model, x = build(name, seed)
         zero_stochastic(model)
-        rs = np.random.RandomState(seed + 1)
-        y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
-        loss64, g64 = torch_grads(model, x, y, torch.float64)
-        sensitivity = kink_sensitivity(model, x, y, g64)
+        y = make_labels(name, x, seed + 1)
+        loss64, g64 = torch_grads(model, x, y, torch.float64, loss=loss_spec)
+        sensitivity = kink_sensitivity(model, x, y, g64, loss=loss_spec)
         tries.append((sensitivity, seed))
         if sensitivity <= KINK_LIMIT:
             break
@@ -1035,15 +1117,14 @@ def write_fixture(name, exporter, out_dir):
     if seed != tries[-1][1]:
         model, x = build(name, seed)
         zero_stochastic(model)
-        rs = np.random.RandomState(seed + 1)
-        y = torch.from_numpy(rs.randint(0, NUM_CLASSES, size=(x.shape[0],)).astype(np.int64))
-        loss64, g64 = torch_grads(model, x, y, torch.float64)
+        y = make_labels(name, x, seed + 1)
+        loss64, g64 = torch_grads(model, x, y, torch.float64, loss=loss_spec)
     stem = f"{name}.{exporter}"
     model_path = os.path.join(out_dir, stem + ".onnx")
     export(model, x, exporter, model_path)
     logits = []
-    torch_grads(model, x, y, torch.float64, logits)
-    loss32, g32 = torch_grads(model, x, y, torch.float32, logits)
+    torch_grads(model, x, y, torch.float64, logits, loss=loss_spec)
+    loss32, g32 = torch_grads(model, x, y, torch.float32, logits, loss=loss_spec)
     mapping = onnx_param_names(model_path, g64)
     missing = [n for n in g64 if n not in mapping]
     assert not missing, f"{stem}: parameters without an ONNX initializer: {missing}"
@@ -1067,6 +1148,10 @@ def write_fixture(name, exporter, out_dir):
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__},
         "command": "python3 tools/zoo_sweep.py --fixtures tests/fixtures/zoo",
     }
+    if loss_spec is not None:
+        # The loss the gradients are of, for the Rust test to build the same one ("loss" is
+        # its float64 value); absent: plain cross-entropy on class labels [N].
+        meta["loss_function"] = loss_spec
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
     size = sum(os.path.getsize(os.path.join(out_dir, stem + ext)) for ext in (".onnx", ".safetensors", ".json"))
@@ -1290,6 +1375,7 @@ def main():
                        "export": f"sweep error: {type(exc).__name__}: {first_line(str(exc))}"}
                 traceback.print_exc()
             sides = (dict(TORCHVISION) | {f"timm_{n}": v for n, v in TIMM} | {f"seg_{n}": v for n, v in SEGMENTATION}
+                     | {f"segpx_{n}": v for n, v in SEGMENTATION}
                      | {f"video_{n}": f"{FRAMES.get(n, 4)}×{v}" for n, v in VIDEO} | FIXTURE_SIDES)
             row["input"] = (SIDE if SIDE and name in sides else None) or sides.get(name, f"{SEQ} tokens")
             row["sweep_s"] = time.time() - t0

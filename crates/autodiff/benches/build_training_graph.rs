@@ -23,7 +23,7 @@ fn models() -> Vec<PathBuf> {
 
 fn bench(c: &mut Criterion) {
     let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 },
         frozen: vec![],
     };

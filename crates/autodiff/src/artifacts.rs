@@ -385,23 +385,32 @@ impl Artifacts {
     }
 }
 
-/// Parses `cross-entropy`, `cross-entropy:smoothing=0.1` or `mse`.
+/// Parses `cross-entropy`, `cross-entropy:smoothing=0.1,ignore=255` or `mse`.
 pub fn parse_loss(text: &str) -> Result<Loss> {
     let (kind, options) = text.split_once(':').unwrap_or((text, ""));
     let options = parse_options(options)?;
     let loss = match kind {
         "cross-entropy" | "ce" => {
             let label_smoothing = option(&options, &["smoothing", "label_smoothing"], 0.0)?;
-            Loss::CrossEntropy { label_smoothing }
+            let ignore_index = match options.iter().find(|(k, _)| k == "ignore" || k == "ignore_index") {
+                Some((_, v)) if v.fract() == 0.0 && v.abs() < 9.0e15 => Some(*v as i64),
+                Some((k, v)) => {
+                    return Err(AutodiffError::Config(format!(
+                        "loss option {k}={v}: the ignored label must be an integer"
+                    )));
+                }
+                None => None,
+            };
+            Loss::CrossEntropy { label_smoothing, ignore_index }
         }
         "mse" => Loss::MeanSquaredError,
         other => {
             return Err(AutodiffError::Config(format!(
-                "unknown loss {other:?}: use cross-entropy[:smoothing=S] or mse"
+                "unknown loss {other:?}: use cross-entropy[:smoothing=S,ignore=I] or mse"
             )));
         }
     };
-    check_known(&options, &["smoothing", "label_smoothing"], "loss")?;
+    check_known(&options, &["smoothing", "label_smoothing", "ignore", "ignore_index"], "loss")?;
     Ok(loss)
 }
 

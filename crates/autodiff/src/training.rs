@@ -159,6 +159,11 @@ fn batch_dim(inference: &Inference, output: &str) -> Dim {
     inference.typed(output).and_then(|(_, s)| s.first().cloned()).unwrap_or(Dim::Unknown)
 }
 
+/// The rank of `output` (its type was checked by [`labels_info`]).
+fn output_rank(inference: &Inference, output: &str) -> usize {
+    inference.typed(output).map_or(0, |(_, s)| s.len())
+}
+
 fn labels_info(loss: &Loss, model: &Model, inference: &Inference) -> Result<Option<ValueInfo>> {
     let out = &model.graph.outputs.first().ok_or_else(|| AutodiffError::Loss("the model has no output".into()))?.name;
     let (dtype, shape) = inference
@@ -171,17 +176,21 @@ fn labels_info(loss: &Loss, model: &Model, inference: &Inference) -> Result<Opti
         )));
     }
     Ok(match loss {
-        Loss::CrossEntropy { label_smoothing } => {
-            if shape.len() != 2 {
+        Loss::CrossEntropy { label_smoothing, .. } => {
+            if shape.len() < 2 {
                 return Err(AutodiffError::Loss(format!(
-                    "cross-entropy needs logits of shape batch×classes, but output {out:?} has shape {}",
+                    "cross-entropy needs logits of shape batch×classes (or batch×classes×…, a class map per \
+                     pixel or position), but output {out:?} has shape {}",
                     edgefreeze_graph::ir::format_shape(&shape)
                 )));
             }
             if !(0.0..1.0).contains(label_smoothing) {
                 return Err(AutodiffError::Loss(format!("label smoothing {label_smoothing} is not in [0, 1)")));
             }
-            Some(ValueInfo::new(LABELS, DataType::Int64, vec![batch_dim(inference, out)]))
+            // One label per sample, or per element of the axes behind the classes.
+            let mut labels = vec![batch_dim(inference, out)];
+            labels.extend(shape.iter().skip(2).cloned());
+            Some(ValueInfo::new(LABELS, DataType::Int64, labels))
         }
         Loss::MeanSquaredError => Some(ValueInfo::new(LABELS, dtype, shape)),
         Loss::Output => {
@@ -251,7 +260,8 @@ pub fn differentiate(
         Objective::Loss(loss) => {
             extra_inputs.extend(labels_info(loss, model, &inference_types)?);
             let output = graph.outputs[0].name.clone();
-            let values = emit_loss(loss, &output, &mut e);
+            let rank = output_rank(&inference_types, &output);
+            let values = emit_loss(loss, &output, rank, &mut e);
             nodes.append(&mut e.nodes);
             (Some(values.loss), values.correct, values.seed)
         }
@@ -575,7 +585,7 @@ pub fn eval_graph(model: &Model, loss: &Loss) -> Result<Model> {
         e.set_prefix("");
         nodes.append(&mut e.nodes);
     }
-    let values = emit_loss(loss, &output, &mut e);
+    let values = emit_loss(loss, &output, output_rank(&inference, &output), &mut e);
     nodes.append(&mut e.nodes);
     let mut inputs = graph.inputs.clone();
     inputs.extend(labels);

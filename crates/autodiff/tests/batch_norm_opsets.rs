@@ -44,7 +44,7 @@ fn raw_model(bn_outputs: &[&str]) -> Model {
 /// Every output of the model's SGD training step on `kind`, by name.
 fn step(model: &Model, kind: &EngineKind) -> Vec<(String, Vec<f32>)> {
     let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
         frozen: vec![],
     };
@@ -105,7 +105,7 @@ fn a_read_saved_statistic_is_an_error_naming_the_node() {
     m.graph.nodes.push(Node::new("reads_saved", "Add", &["y", "saved_mean"], &["logits"]));
     let m = prepare(m).unwrap();
     let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
         frozen: vec![],
     };

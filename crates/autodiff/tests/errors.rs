@@ -31,7 +31,7 @@ fn linear() -> Model {
 
 fn spec() -> TrainingSpec {
     TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 0.0 },
         frozen: vec![],
     }
@@ -55,18 +55,24 @@ fn unknown_frozen_parameter_is_named() {
 
 #[test]
 fn cross_entropy_needs_batch_by_classes_logits() {
+    // One vector of scores with no batch axis.
+    let m1 = model(vec![Node::new("fc", "MatMul", &["x", "w"], &["h"])], "h", vec![Dim::Fixed(4)]);
+    let err = training_step_graph(&m1, &spec()).unwrap_err().to_string();
+    assert!(
+        err.contains("cross-entropy needs logits of shape batch×classes")
+            && err.contains("\"h\"")
+            && err.contains(" 3"),
+        "{err}"
+    );
+    // Logits with more axes are a class map along axis 1, with a label per position.
     let m3 = model(
         vec![Node::new("fc", "MatMul", &["x", "w"], &["h"])],
         "h",
         vec![Dim::Fixed(2), Dim::Fixed(2), Dim::Fixed(4)],
     );
-    let err = training_step_graph(&m3, &spec()).unwrap_err().to_string();
-    assert!(
-        err.contains("cross-entropy needs logits of shape batch×classes")
-            && err.contains("\"h\"")
-            && err.contains("2×2×3"),
-        "{err}"
-    );
+    let step = training_step_graph(&m3, &spec()).unwrap();
+    let labels = step.graph.inputs.iter().find(|i| i.name == "labels").unwrap();
+    assert_eq!(labels.shape.as_deref(), Some(&[Dim::Fixed(2), Dim::Fixed(3)][..]));
 }
 
 #[test]

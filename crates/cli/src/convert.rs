@@ -12,7 +12,8 @@ use std::time::Instant;
 pub struct ConvertArgs {
     /// The inference ONNX model.
     pub model: PathBuf,
-    /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
+    /// Loss: `cross-entropy[:smoothing=S,ignore=I]` (logits batch×classes, or batch×classes×H×W
+    /// against a label per pixel) or `mse`.
     #[arg(long, default_value = "cross-entropy")]
     pub loss: String,
     /// Optimizer: `sgd:lr=0.1,momentum=0.9,wd=5e-4[,nesterov]` or

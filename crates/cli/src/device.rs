@@ -68,6 +68,10 @@ pub struct DeviceTrainArgs {
     /// re-probe.
     #[arg(long, default_value_t = 0.25)]
     pub adapt_drift: f64,
+    /// --adapt: also re-probe the links every N updates, drift or not (a server whose link
+    /// got better shows in no measured step; off by default: each re-probe takes time).
+    #[arg(long)]
+    pub adapt_reprobe_every: Option<u64>,
     /// This device's id, as the edge's tokens file lists it.
     #[arg(long, default_value = "device")]
     pub device_id: String,

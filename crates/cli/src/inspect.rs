@@ -72,7 +72,7 @@ fn training_check(model: &Model) -> TrainingCheck {
         }
         // Then what else stops `convert` (a shape a rule needs, a loss that does not fit).
         Ok(_) => {
-            let loss = edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 };
+            let loss = edgefreeze_autodiff::Loss::cross_entropy();
             let error = edgefreeze_autodiff::gradient_graph(model, &loss, &[]).err().map(|e| e.to_string());
             TrainingCheck { blocked_ops: Vec::new(), error }
         }
@@ -125,6 +125,13 @@ fn write_table(
         writeln!(out, "input  {} {dtype} {shape}", input.name)?;
     }
     match &training.error {
+        // A class map per pixel or position (more axes than batch×classes) trains against
+        // a label per pixel: say so, it decides the dataset.
+        None if a.layers.last().is_some_and(|l| l.output_shape.len() > 2) => writeln!(
+            out,
+            "training: yes (convert builds the gradient graph with a cross-entropy loss per pixel: the output is a \
+             class map along axis 1, trained against a label per pixel)"
+        )?,
         None => writeln!(out, "training: yes (convert builds the gradient graph with a cross-entropy loss)")?,
         Some(reason) => writeln!(out, "training: no: {reason}")?,
     }

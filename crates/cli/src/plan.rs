@@ -392,6 +392,7 @@ pub fn replanner(
     let adapt = AdaptSettings {
         policy: edgefreeze_plan::ReplanPolicy { drift: args.adapt_drift, ..Default::default() },
         check_every: args.adapt_every.max(1),
+        reprobe_every: args.adapt_reprobe_every,
         ..AdaptSettings::default()
     };
     Ok(Replanner::new(

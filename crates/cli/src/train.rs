@@ -136,7 +136,8 @@ pub struct RecipeArgs {
     /// Optimizer: `sgd:momentum=0.9,wd=5e-4[,nesterov]` or `adamw:beta1=0.9,beta2=0.999,wd=0.01`.
     #[arg(long, default_value = "sgd:momentum=0.9,wd=5e-4")]
     pub optimizer: String,
-    /// Loss: `cross-entropy[:smoothing=S]` or `mse`.
+    /// Loss: `cross-entropy[:smoothing=S,ignore=I]` (logits batch×classes, or batch×classes×H×W
+    /// against a label per pixel) or `mse`.
     #[arg(long, default_value = "cross-entropy")]
     pub loss: String,
     /// Seed of the data order, augmentation and dropout.

@@ -687,26 +687,33 @@ fn a_restarted_edge_server_takes_the_run_back_and_refuses_messages_from_before()
     assert_ne!(after.session_id, before.session_id);
     assert_ne!(after.model_version, before.model_version, "a restarted server hands out new model versions");
     let got = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+
+    // Messages from before the restart are refused by the new server: one of the old
+    // session, and one that names the new session with the old model version (a message
+    // in flight when the server went down, retried against the session that took over).
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (unknown, stale) = runtime.block_on(async {
+        let credentials = Credentials::new("phone-1", TOKEN).unwrap();
+        let limits = edgefreeze_wire::Limits::default();
+        let mut client = edgefreeze_wire::connect(&address, credentials, &limits).await.unwrap();
+        let old_session = edgefreeze_wire::pb::FetchStateRequest {
+            header: Some(edgefreeze_wire::pb::Header::new(&before.session_id, 9, 0, before.model_version)),
+        };
+        let old_version = edgefreeze_wire::pb::FetchStateRequest {
+            header: Some(edgefreeze_wire::pb::Header::new(&after.session_id, 16, 0, before.model_version)),
+        };
+        (client.fetch_state(old_session).await.unwrap_err(), client.fetch_state(old_version).await.unwrap_err())
+    });
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "the old session is gone: {unknown:?}");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert!(stale.message().contains(&format!("stale model version {}", before.model_version)), "{stale:?}");
+
+    // The session goes on after refusing them.
+    assert_eq!(trainer.edge_state().unwrap(), got.1);
     trainer.close().unwrap();
     assert_eq!(got.0, want.0, "device state");
     assert_eq!(got.1, want.1, "edge state");
     assert_eq!(decisions(&run, "failover").len(), 1);
-
-    // A message of the session from before the restart is refused by the new server.
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let status = runtime.block_on(async {
-        let credentials = Credentials::new("phone-1", TOKEN).unwrap();
-        let limits = edgefreeze_wire::Limits::default();
-        let mut client = edgefreeze_wire::connect(&address, credentials, &limits).await.unwrap();
-        let stale = edgefreeze_wire::pb::FetchStateRequest {
-            header: Some(edgefreeze_wire::pb::Header::new(&before.session_id, 9, 0, before.model_version)),
-        };
-        client.fetch_state(stale).await.unwrap_err()
-    });
-    assert!(
-        matches!(status.code(), tonic::Code::NotFound | tonic::Code::FailedPrecondition),
-        "a stale message is refused: {status:?}"
-    );
 }
 
 #[test]
@@ -830,58 +837,126 @@ fn with_no_edge_server_left_the_run_goes_on_alone_on_the_device_and_resumes_ther
     assert!(failovers[0]["reason"].as_str().unwrap().contains("alone on the device"), "{failovers:?}");
 }
 
+/// Two edge servers behind in-process shapers (`near` first in `--edge`, then `other`),
+/// and an adaptive MLP device run of 30 updates across them (`device train --adapt`).
+struct AdaptiveRun {
+    near: edgefreeze_shaper::Shaper,
+    other: edgefreeze_shaper::Shaper,
+    near_at: String,
+    other_at: String,
+    run: std::path::PathBuf,
+    child: Option<Child>,
+    // Dropped last: the shapers run on this runtime, and the servers behind them.
+    _servers: (Edge, Edge, tokio::runtime::Runtime, tempfile::TempDir),
+}
+
+impl AdaptiveRun {
+    /// Starts the run with the links shaped `near` and `other` and `extra` flags, and
+    /// waits until it has made `steps` updates.
+    fn start(near: edgefreeze_shaper::Shape, other: edgefreeze_shaper::Shape, extra: &[&str], steps: usize) -> Self {
+        use edgefreeze_shaper::Shaper;
+        let (first, second) = (Edge::spawn(None), Edge::spawn(None));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (near, other) = runtime.block_on(async {
+            let a = Shaper::start(first.address.parse().unwrap(), near, near).await.unwrap();
+            let b = Shaper::start(second.address.parse().unwrap(), other, other).await.unwrap();
+            (a, b)
+        });
+        let (near_at, other_at) = (near.local_addr().to_string(), other.local_addr().to_string());
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+            .env("EDGEFREEZE_TOKEN", TOKEN)
+            .args(["device", "train", "--edge", &format!("{near_at},{other_at}"), "--device-id", "phone-1"])
+            .args(["--model", model("mlp.onnx").to_str().unwrap(), "--data", "fashion-mnist", "--cut", "0"])
+            .args(["--micro-batches", "2", "--epochs", "1", "--batch", "32", "--limit", "960", "--test-limit", "64"])
+            .args(["--log-every", "1", "--threads", "1", "--adapt", "--adapt-every", "3", "--adapt-budget", "20"])
+            .args(extra)
+            .args(["--out", run.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let done = || {
+            std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default().matches("\"event\":\"step\"").count()
+        };
+        while done() < steps {
+            assert!(started.elapsed().as_secs() < 180, "training did not start");
+            assert!(child.try_wait().unwrap().is_none(), "the device stopped early");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let child = Some(child);
+        AdaptiveRun { near, other, near_at, other_at, run, child, _servers: (first, second, runtime, dir) }
+    }
+
+    /// Waits for the run to end → its first migration's reason, and every migration.
+    fn first_move(&mut self) -> (String, Vec<serde_json::Value>) {
+        let out = self.child.take().unwrap().wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let moves = decisions(&self.run, "migrate");
+        assert!(!moves.is_empty(), "{}", text(&out));
+        (moves[0]["reason"].as_str().unwrap().to_string(), moves)
+    }
+}
+
+impl Drop for AdaptiveRun {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[test]
 fn adapt_migrates_when_the_link_to_its_server_degrades() {
     if !fashion_mnist_available() {
         return;
     }
-    use edgefreeze_shaper::{Shape, Shaper};
-    let (first, second) = (Edge::spawn(None), Edge::spawn(None));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+    use edgefreeze_shaper::Shape;
     let fast = Shape::mbit(100.0, std::time::Duration::from_millis(1));
-    let (near, other) = runtime.block_on(async {
-        let near = Shaper::start(first.address.parse().unwrap(), fast, fast).await.unwrap();
-        let other = Shaper::start(second.address.parse().unwrap(), fast, fast).await.unwrap();
-        (near, other)
-    });
-    let (near_at, other_at) = (near.local_addr().to_string(), other.local_addr().to_string());
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
-        .env("EDGEFREEZE_TOKEN", TOKEN)
-        .args(["device", "train", "--edge", &format!("{near_at},{other_at}"), "--device-id", "phone-1"])
-        .args(["--model", model("mlp.onnx").to_str().unwrap(), "--data", "fashion-mnist", "--cut", "0"])
-        .args(["--micro-batches", "2", "--epochs", "1", "--batch", "32", "--limit", "960", "--test-limit", "64"])
-        .args(["--log-every", "1", "--threads", "1", "--adapt", "--adapt-every", "3", "--adapt-budget", "20"])
-        .args(["--out", run.to_str().unwrap(), "--plot", dir.path().join("curves.png").to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let plot = tempfile::tempdir().unwrap();
+    let curves = plot.path().join("curves.png");
     // Once training runs, the device moves away from its server: 100 → 1 Mbit/s.
-    let started = std::time::Instant::now();
-    let steps =
-        || std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default().matches("\"event\":\"step\"").count();
-    while steps() < 5 {
-        assert!(started.elapsed().as_secs() < 180, "training did not start");
-        assert!(child.try_wait().unwrap().is_none(), "the device stopped early");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut run = AdaptiveRun::start(fast, fast, &["--plot", curves.to_str().unwrap()], 5);
     let slow = Shape::mbit(1.0, std::time::Duration::from_millis(20));
-    near.set_up(slow).unwrap();
-    near.set_down(slow).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    run.near.set_up(slow).unwrap();
+    run.near.set_down(slow).unwrap();
     // The first move leaves the slow link for the other server (later re-plans may move
     // the cut or M there, as the fresh measurements say).
-    let moves = decisions(&run, "migrate");
-    assert!(!moves.is_empty(), "{}", text(&out));
-    let reason = moves[0]["reason"].as_str().unwrap();
+    let (reason, moves) = run.first_move();
+    let (near_at, other_at) = (&run.near_at, &run.other_at);
     assert!(reason.contains(&format!("from {near_at} to {other_at}")) && reason.contains("drifted"), "{reason}");
     assert!(moves.iter().all(|m| !m["reason"].as_str().unwrap().contains(&format!("to {near_at}"))), "{moves:?}");
-    assert!(run.join("checkpoints/epoch-0001.safetensors").is_file());
-    assert!(dir.path().join("curves-steps.png").is_file(), "the step-time chart with its decisions");
-    drop(runtime);
+    assert!(run.run.join("checkpoints/epoch-0001.safetensors").is_file());
+    assert!(plot.path().join("curves-steps.png").is_file(), "the step-time chart with its decisions");
+}
+
+/// `--adapt-reprobe-every`: the link to another server gets better while the run's own
+/// step holds its prediction (no drift, which is switched off here), so only a periodic
+/// re-probe can see it; the device migrates there and says why.
+#[test]
+fn a_periodic_reprobe_finds_a_server_whose_link_got_better() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    use edgefreeze_shaper::Shape;
+    let moderate = Shape::mbit(2.0, std::time::Duration::from_millis(5));
+    let poor = Shape::mbit(0.5, std::time::Duration::from_millis(20));
+    let periodic = ["--adapt-drift", "1000", "--adapt-reprobe-every", "6", "--adapt-cuts", "0"];
+    // Once training runs on the near server, the other one's link becomes fast.
+    let mut run = AdaptiveRun::start(moderate, poor, &periodic, 3);
+    let fast = Shape::mbit(100.0, std::time::Duration::from_millis(1));
+    run.other.set_up(fast).unwrap();
+    run.other.set_down(fast).unwrap();
+    let (reason, _) = run.first_move();
+    let (near_at, other_at) = (&run.near_at, &run.other_at);
+    assert!(
+        reason.contains(&format!("from {near_at} to {other_at}")) && reason.contains("periodic re-probe"),
+        "{reason}"
+    );
+    assert!(!reason.contains("drifted"), "{reason}");
 }
 
 /// A model we did not write: the zoo's TorchScript Transformer encoder, cut after its first
@@ -923,4 +998,66 @@ fn a_zoo_transformer_trains_split_over_an_edge_server_like_locally() {
         seen += 1;
     }
     assert!(seen > 0, "no tensor compared");
+}
+
+/// A segmentation model split between device and edge: the labels per pixel go up with
+/// each micro-batch, the edge's loss ignores the unlabelled ones, and its accuracy per
+/// pixel comes back as a float (`correct_samples`). With one micro-batch (BatchNorm sees
+/// the whole batch on both sides) the run equals local training: parameters, losses and
+/// accuracies.
+#[test]
+fn a_segmentation_model_split_equals_local_training_with_labels_per_pixel() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let edge = Edge::spawn(None);
+    let at = edge_at(&edge.address, "phone-1", TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(1, 16, 48);
+    let loss = "cross-entropy:ignore=255";
+    let local_dir = dir.path().join("local");
+    let source = ModelSource::from_path(&model("fcn_28.onnx"), loss, OPTIMIZER, 0);
+    create_run(&local_dir, &source, "fashion-mnist-seg", &recipe).unwrap();
+    let mut local = Trainer::open(&local_dir, single_thread()).unwrap();
+    local.run().unwrap();
+    let local_state = local.state().unwrap();
+    let initial = edgefreeze_train::checkpoint::Checkpoint::read(&local_dir.join("checkpoints/epoch-0000.safetensors"));
+    let initial = initial.unwrap().state;
+    drop(local);
+
+    let split_dir = dir.path().join("split");
+    // Cut after layer 1: the first convolution and its BatchNorm on the device.
+    let split = SplitSettings { cut: 1, micro_batches: 1, sequential: false, recompute: false, freeze_device: false };
+    create_device_run(&split_dir, &model("fcn_28.onnx"), loss, OPTIMIZER, "fashion-mnist-seg", &recipe, split).unwrap();
+    let mut trainer = DeviceTrainer::open(&split_dir, std::slice::from_ref(&at), device_options()).unwrap();
+    trainer.run().unwrap();
+    let (device, edge_state) = (trainer.device_state().unwrap(), trainer.edge_state().unwrap());
+    trainer.close().unwrap();
+    let mut seen = 0;
+    for (name, value) in device.iter().chain(&edge_state) {
+        let Some((_, want)) = local_state.iter().find(|(n, _)| n == name) else { continue };
+        if name.starts_with("momentum.") || !matches!(value, Value::F32(_)) {
+            continue;
+        }
+        if initial.iter().any(|(n, _)| n == name) {
+            assert_like_local(value, want, &initial, name, &format!("fcn_28 cut 1 {name}"));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 10, "parameters compared: {seen}");
+    // The accuracies per labelled pixel, as the edge reported them and as local training
+    // computed them.
+    let epoch = |run: &Path| {
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        metrics
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|r| r.get("test_accuracy").is_some())
+            .unwrap()
+    };
+    let (want, got) = (epoch(&local_dir), epoch(&split_dir));
+    for key in ["train_accuracy", "test_accuracy", "train_loss"] {
+        let (w, g) = (want[key].as_f64().unwrap(), got[key].as_f64().unwrap());
+        assert!(w > 0.0 && (w - g).abs() <= 1e-5 * w.abs().max(1.0), "{key}: split {g}, local {w}");
+    }
 }

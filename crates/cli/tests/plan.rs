@@ -173,3 +173,68 @@ fn cuts_whose_back_reads_the_samples_are_not_planned() {
         "{stderr}"
     );
 }
+
+/// Two servers: the plan covers every (server, cut, M) of both and chooses the fastest;
+/// a device run given the plan (`device train --plan`) logs the planner's predicted
+/// stages beside the measured ones at every logged step.
+#[test]
+fn a_plan_of_two_servers_predicts_what_the_device_run_then_measures() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        let at = dir.path().join(name);
+        std::fs::create_dir_all(&at).unwrap();
+        Edge::start(&at)
+    };
+    let (a, b) = (start("a"), start("b"));
+    let both = format!("{},{}", a.address, b.address);
+    let out = plan(&both, TOKEN, true);
+    assert!(out.status.success(), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let candidates = json["plan"]["candidates"].as_array().unwrap();
+    for server in [&a.address, &b.address] {
+        let of = candidates.iter().filter(|c| c["server"] == server.as_str()).count();
+        assert_eq!(of, 4, "{server}: 2 cuts × M = 1, 2");
+    }
+    let steps: Vec<f64> = candidates.iter().map(|c| c["step_s"].as_f64().unwrap()).collect();
+    let choice = json["plan"]["choice"].as_u64().unwrap() as usize;
+    assert!(steps.iter().all(|&s| steps[choice] <= s), "the choice is the fastest: {steps:?}, {choice}");
+    let plan_file = dir.path().join("plan.json");
+    std::fs::write(&plan_file, &out.stdout).unwrap();
+
+    // Train on server B at cut 1, M = 2, with the plan's prediction for that candidate.
+    let run = dir.path().join("run");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edgefreeze"))
+        .env("EDGEFREEZE_TOKEN", TOKEN)
+        .args(["device", "train", "--edge", &b.address, "--device-id", "phone-1", "--data", "fashion-mnist"])
+        .args(["--model", model("mlp.onnx").to_str().unwrap(), "--cut", "1", "--micro-batches", "2"])
+        .args(["--epochs", "1", "--batch", "8", "--limit", "48", "--test-limit", "16", "--threads", "1", "--quiet"])
+        .args(["--log-every", "1", "--plan", plan_file.to_str().unwrap(), "--out", run.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r.get("stages").is_some())
+        .collect();
+    assert_eq!(steps.len(), 6, "every update is logged with its stages: {metrics}");
+    let predicted = &steps[0]["stages"]["predicted"];
+    for s in &steps {
+        let stages = &s["stages"];
+        assert_eq!(&stages["predicted"], predicted, "one prediction for the run: {s}");
+        assert!(stages["measured"]["step_s"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    // The prediction is the plan's for (server B, cut 1, M = 2), pipelined.
+    let candidate = candidates
+        .iter()
+        .find(|c| {
+            c["server"] == b.address.as_str() && c["candidate"]["cut"] == 1 && c["candidate"]["micro_batches"] == 2
+        })
+        .unwrap();
+    let (got, want) = (predicted["step_s"].as_f64().unwrap(), candidate["step_s"].as_f64().unwrap());
+    assert!((got - want).abs() <= 1e-9 * want, "predicted {got} s, the plan's {want} s");
+}

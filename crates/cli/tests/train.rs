@@ -262,8 +262,29 @@ fn a_schedule_logs_its_decisions_and_a_foreign_cache_is_recomputed() {
     let out = train_lenet5(&first, &["--freeze", "schedule:4=1", "--cache-dir", &cache, "--seed", "1"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("freezing: frozen 1/4"), "{}", text(&out));
+    // The cache's size in memory and on disk is reported with its hits.
+    let said = text(&out);
+    let report = said.lines().find(|l| l.contains("freezing: frozen 1/4 | cache ")).unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        report.contains(" in memory, ") && report.contains(" on disk, ") && report.contains(" corrupt"),
+        "{report}"
+    );
+    assert!(!report.contains("cache 0 B in memory"), "records were cached: {report}");
     let metrics = std::fs::read_to_string(first.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains(r#""kind":"freeze""#) && metrics.contains(r#""kind":"cache-on""#), "{metrics}");
+    // With augmentation every epoch's input differs: the run freezes but caches nothing,
+    // and says why.
+    let augmented = dir.path().join("augmented");
+    let out = train_lenet5(&augmented, &["--freeze", "schedule:4=1", "--augment", "flip", "--seed", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(augmented.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains(r#""kind":"freeze""#) && !metrics.contains(r#""kind":"cache-on""#), "{metrics}");
+    assert!(
+        metrics.contains("changes every epoch's input") || text(&out).contains("changes every epoch's input"),
+        "{metrics}\n{}",
+        text(&out)
+    );
+    assert!(!augmented.join("cache/activations.bin").exists(), "nothing cached");
     // Another seed trains other weights before freezing: the cache on disk is not theirs.
     let second = dir.path().join("second");
     let out = train_lenet5(&second, &["--freeze", "schedule:4=1", "--cache-dir", &cache, "--seed", "2"]);
@@ -296,4 +317,138 @@ fn a_cache_past_its_disk_budget_stops_with_a_logged_decision_and_the_run_goes_on
     let bad = train_lenet5(&dir.path().join("bad"), &["--freeze", "schedule:4=1", "--cache-disk", "lots"]);
     assert!(!bad.status.success() && text(&bad).contains("--cache-disk \"lots\""), "{}", text(&bad));
     assert!(!dir.path().join("bad").exists(), "a bad flag made the run folder");
+}
+
+/// A segmentation model (models/fcn_28.onnx: a class map per pixel, bilinear upsampling)
+/// trains on Fashion-MNIST as a segmentation task with a label per pixel and the faint
+/// pixels unlabelled (ignored by the loss): the test accuracy over the labelled pixels
+/// beats predicting the most common label everywhere, with augmented batches whose labels
+/// move with their pixels. Without the ignored label, with a classification dataset, or
+/// with a classifier, the run is refused before its folder is made.
+#[test]
+fn a_segmentation_model_trains_with_a_label_per_pixel() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    // `inspect` says what the model trains against; the decoder with its skip is one layer.
+    let inspect = edgefreeze(&["inspect", model("fcn_28.onnx").to_str().unwrap()]);
+    let said = text(&inspect);
+    assert!(inspect.status.success() && said.contains("cross-entropy loss per pixel"), "{said}");
+    assert!(said.contains("5 layers, 4 cuts") && said.contains(" decoder "), "{said}");
+    let dir = tempfile::tempdir().unwrap();
+    let train = |model_file: &str, data: &str, run: &Path, loss: &str| {
+        let (model_path, run) = (model(model_file).display().to_string(), run.display().to_string());
+        edgefreeze(&[
+            "train",
+            "--model",
+            &model_path,
+            "--data",
+            data,
+            "--loss",
+            loss,
+            "--epochs",
+            "2",
+            "--batch",
+            "32",
+            "--lr",
+            "0.05",
+            "--limit",
+            "640",
+            "--test-limit",
+            "256",
+            "--augment",
+            "crop:2,flip",
+            "--engine",
+            "tract",
+            "--quiet",
+            "--out",
+            &run,
+        ])
+    };
+    let run = dir.path().join("seg");
+    let out = train("fcn_28.onnx", "fashion-mnist-seg", &run, "cross-entropy");
+    assert!(!out.status.success() && text(&out).contains("--loss cross-entropy:ignore=255"), "{}", text(&out));
+    assert!(!run.exists(), "a refused run made its folder");
+
+    let out = train("fcn_28.onnx", "fashion-mnist-seg", &run, "cross-entropy:ignore=255");
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let epochs: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r.get("test_accuracy").is_some())
+        .collect();
+    assert_eq!(epochs.len(), 2, "{metrics}");
+    // The most common label of the first 256 test images' labelled pixels (background).
+    let splits = edgefreeze_data::named::open("fashion-mnist-seg").unwrap();
+    let batch = splits.test.batch(&(0..256).collect::<Vec<_>>(), None, 0, 0).unwrap();
+    assert_eq!(batch.label_dims, [28, 28]);
+    let mut counts = [0usize; 11];
+    batch.labels.iter().filter(|&&l| l != 255).for_each(|&l| counts[l as usize] += 1);
+    let majority = *counts.iter().max().unwrap() as f64 / counts.iter().sum::<usize>() as f64;
+    let last = &epochs[1];
+    let accuracy = last["test_accuracy"].as_f64().unwrap();
+    assert!(accuracy > majority + 0.1, "test accuracy per pixel {accuracy}, the majority label alone {majority}");
+    assert!(accuracy <= 1.0 && last["train_loss"].as_f64().unwrap() < epochs[0]["train_loss"].as_f64().unwrap());
+
+    // Labels that do not fit the model are refused, naming both sides.
+    let wrong = dir.path().join("wrong");
+    let out = train("fcn_28.onnx", "fashion-mnist", &wrong, "cross-entropy:ignore=255");
+    assert!(!out.status.success() && text(&out).contains("one label per sample"), "{}", text(&out));
+    assert!(text(&out).contains("28×28") && text(&out).contains("fashion-mnist-seg"), "{}", text(&out));
+    let out = train("lenet5.onnx", "fashion-mnist-seg", &wrong, "cross-entropy:ignore=255");
+    assert!(!out.status.success() && text(&out).contains("labels of shape 28×28 per sample"), "{}", text(&out));
+    assert!(!wrong.exists());
+}
+
+/// A damaged record in an activation cache on disk is detected by its checksum and
+/// recomputed, never served: a second run with the same seed reuses the first run's
+/// cache (the same model, cut and frozen parameters) after one record's values were
+/// altered on disk, counts it corrupt, and ends with the first run's numbers and
+/// weights, bit for bit.
+#[test]
+fn a_corrupted_cache_record_is_recomputed_and_the_run_is_unchanged() {
+    if !fashion_mnist_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cache_s = cache.display().to_string();
+    let first = dir.path().join("first");
+    let out = train_lenet5(&first, &["--freeze", "schedule:4=1", "--cache-dir", &cache_s, "--seed", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Alter one value of the first record: records follow `EFCACHE1`, the header's length
+    // (u32) and the header; a record is sample (u64), augmentation key (u64), element
+    // count (u32), the f32 values, checksum (u64).
+    let file = cache.join("activations.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    assert_eq!(&bytes[..8], b"EFCACHE1");
+    let header = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let value = 12 + header + 20 + 4 * 7;
+    assert!(bytes.len() > value + 4, "the first run left records on disk");
+    bytes[value] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let second = dir.path().join("second");
+    let out = train_lenet5(&second, &["--freeze", "schedule:4=1", "--cache-dir", &cache_s, "--seed", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    let report = said.lines().find(|l| l.contains("freezing: frozen 1/4 | cache ")).unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        report.contains(", 1 corrupt") && !report.contains(" 0 hits"),
+        "one damaged record, the rest reused: {report}"
+    );
+    let epochs = |run: &Path| {
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        metrics
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r.get("test_accuracy").is_some())
+            .map(|r| (r["train_loss"].as_f64().unwrap(), r["test_loss"].as_f64().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(epochs(&first), epochs(&second));
+    let weights = |run: &Path| std::fs::read(run.join("checkpoints/epoch-0001.safetensors")).unwrap();
+    assert!(weights(&first) == weights(&second), "the checkpoints differ");
 }

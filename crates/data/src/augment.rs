@@ -43,11 +43,25 @@ pub fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 /// Augments one `[channels, height, width]` image; a pure function of its arguments.
 pub fn augment(
     image: &[u8],
+    dims: (usize, usize, usize),
+    aug: &Augmentation,
+    seed: u64,
+    epoch: u64,
+    index: u64,
+) -> Vec<u8> {
+    augment_filled(image, dims, aug, seed, epoch, index, 0)
+}
+
+/// [`augment`] with the pixels a crop brings in from outside set to `fill`: the same crop
+/// and flip, so a segmentation mask augmented with its image's arguments still fits it.
+pub fn augment_filled(
+    image: &[u8],
     (channels, height, width): (usize, usize, usize),
     aug: &Augmentation,
     seed: u64,
     epoch: u64,
     index: u64,
+    fill: u8,
 ) -> Vec<u8> {
     if aug.is_identity() {
         return image.to_vec();
@@ -57,7 +71,7 @@ pub fn augment(
     let span = 2 * p as u64 + 1;
     let (dy, dx) = ((r % span) as i64 - p, ((r >> 16) % span) as i64 - p);
     let flip = aug.horizontal_flip && (r >> 40) & 1 == 1;
-    let mut out = vec![0u8; image.len()];
+    let mut out = vec![fill; image.len()];
     for c in 0..channels {
         for y in 0..height {
             for x in 0..width {
@@ -98,6 +112,24 @@ mod tests {
             (0..20).map(|e| augment(&image, shape, &aug, 1, e, 3)).collect();
         assert!(variants.len() > 5, "epochs draw different crops and flips");
         assert_eq!(augment(&image, shape, &Augmentation::default(), 1, 2, 3), image);
+    }
+
+    #[test]
+    fn a_mask_augmented_with_its_image_arguments_moves_with_the_image() {
+        // The mask labels each pixel 1 where the image is lit, else 0; outside pixels 9.
+        let image: Vec<u8> = (0..8 * 8).map(|i| if (i * 7) % 5 < 2 { 200 } else { 0 }).collect();
+        let mask: Vec<u8> = image.iter().map(|&p| u8::from(p > 0)).collect();
+        let aug = Augmentation { crop_padding: 2, horizontal_flip: true };
+        let mut filled = 0;
+        for epoch in 0..16 {
+            let a = augment(&image, (1, 8, 8), &aug, 5, epoch, 1);
+            let m = augment_filled(&mask, (1, 8, 8), &aug, 5, epoch, 1, 9);
+            for (p, l) in a.iter().zip(&m) {
+                assert!(*l == 9 && *p == 0 || *l == u8::from(*p > 0), "pixel {p}, label {l}");
+                filled += usize::from(*l == 9);
+            }
+        }
+        assert!(filled > 0, "some crops bring in outside pixels");
     }
 
     #[test]

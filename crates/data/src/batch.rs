@@ -1,7 +1,7 @@
 //! Batches: samples gathered by index into plain tensors (f32 images normalised per
 //! channel, i64 token ids) with i64 labels.
 
-use crate::augment::{Augmentation, augment};
+use crate::augment::{Augmentation, augment, augment_filled};
 use crate::text::TextDataset;
 use crate::{DataError, ImageDataset};
 
@@ -111,8 +111,11 @@ pub struct Batch {
     pub shape: Vec<usize>,
     /// The inputs, row-major in `shape`.
     pub inputs: Inputs,
-    /// One label per sample.
+    /// The labels, row-major in `[batch] + label_dims`: one per sample, or one per pixel
+    /// of a segmentation dataset.
     pub labels: Vec<i64>,
+    /// The shape of one sample's labels: `[]` (a class), or `[height, width]`.
+    pub label_dims: Vec<usize>,
 }
 
 impl Batch {
@@ -151,7 +154,16 @@ impl Samples {
         self.len() == 0
     }
 
-    /// One label per sample.
+    /// The shape of one sample's labels: `[]`, or `[height, width]` for a segmentation
+    /// dataset (whichever way its images are batched).
+    pub fn label_dims(&self) -> Vec<usize> {
+        match self {
+            Samples::Images { data, .. } if data.pixel_labels.is_some() => vec![data.height, data.width],
+            _ => vec![],
+        }
+    }
+
+    /// One label per sample (a segmentation dataset's images keep their class here).
     pub fn labels(&self) -> &[u8] {
         match self {
             Samples::Images { data, .. } => &data.labels,
@@ -205,7 +217,26 @@ impl Samples {
         seed: u64,
         epoch: u64,
     ) -> Batch {
-        let labels = indices.iter().map(|&i| self.labels()[i] as i64).collect();
+        let labels = match self {
+            Samples::Images { data, .. } if data.pixel_labels.is_some() => {
+                let mut labels = Vec::with_capacity(indices.len() * data.height * data.width);
+                let outside = data.pixel_labels.as_ref().map_or(0, |p| p.outside);
+                for &i in indices {
+                    let mask = data.pixel_labels_of(i).unwrap_or_default();
+                    match augmentation {
+                        // The image's crop and flip, with its arguments.
+                        Some(aug) if !aug.is_identity() => {
+                            let dims = (1, data.height, data.width);
+                            let moved = augment_filled(mask, dims, aug, seed, epoch, i as u64, outside);
+                            labels.extend(moved.iter().map(|&l| l as i64));
+                        }
+                        _ => labels.extend(mask.iter().map(|&l| l as i64)),
+                    }
+                }
+                labels
+            }
+            _ => indices.iter().map(|&i| self.labels()[i] as i64).collect(),
+        };
         let mut shape = vec![indices.len()];
         shape.extend(self.sample_shape());
         let inputs = match self {
@@ -236,7 +267,7 @@ impl Samples {
             }
             Samples::Text(t) => Inputs::I64(indices.iter().flat_map(|&i| t.sequence(i).iter().copied()).collect()),
         };
-        Batch { indices: indices.to_vec(), shape, inputs, labels }
+        Batch { indices: indices.to_vec(), shape, inputs, labels, label_dims: self.label_dims() }
     }
 }
 
@@ -254,6 +285,7 @@ mod tests {
             width: 2,
             pixels: vec![0, 255, 7, 7, 51, 102, 7, 7],
             labels: vec![3, 1],
+            pixel_labels: None,
         };
         let norm = Normalization::from_images(&data);
         assert!((norm.mean[0] - 0.4).abs() < 1e-7 && (norm.std[0] - 0.14f32.sqrt()).abs() < 1e-7, "{norm:?}");
@@ -278,6 +310,7 @@ mod tests {
             width: 2,
             pixels: (0..24).map(|p| p * 10).collect(),
             labels: vec![0, 1],
+            pixel_labels: None,
         };
         let norm = Normalization::from_images(&data);
         let first = Samples::images(data.clone(), norm.clone()).batch(&[1, 0], None, 0, 0).unwrap();
@@ -292,8 +325,54 @@ mod tests {
     }
 
     #[test]
+    fn segmentation_batches_carry_a_label_per_pixel_augmented_with_the_image() {
+        // Two 1-channel 2×3 images: lit pixels (≥ 100) take the image's class, dark ones
+        // (0) 10, faint ones between 255.
+        let data = ImageDataset {
+            channels: 1,
+            height: 2,
+            width: 3,
+            pixels: vec![0, 150, 99, 100, 0, 255, 255, 0, 0, 0, 0, 120],
+            labels: vec![4, 7],
+            pixel_labels: None,
+        }
+        .segmented(100, 10, 255);
+        let norm = Normalization { mean: vec![0.0], std: vec![1.0] };
+        let samples = Samples::images(data, norm);
+        assert_eq!(samples.label_dims(), [2, 3]);
+        let batch = samples.batch(&[1, 0], None, 0, 0).unwrap();
+        assert_eq!(batch.label_dims, [2, 3]);
+        assert_eq!(batch.labels, [7, 10, 10, 10, 10, 7, 10, 4, 255, 4, 10, 4]);
+        // Augmented, each label stays with its pixel: lit ⇔ labelled with the class.
+        let aug = Augmentation { crop_padding: 1, horizontal_flip: true };
+        for epoch in 0..12 {
+            let b = samples.batch(&[0, 1], Some(&aug), 3, epoch).unwrap();
+            let pixels = b.inputs.as_f32().unwrap();
+            for (k, (&p, &l)) in pixels.iter().zip(&b.labels).enumerate() {
+                let class = if k < 6 { 4 } else { 7 };
+                let want = match p * 255.0 {
+                    p if p >= 99.5 => class,
+                    p if p < 0.5 => 10,
+                    _ => 255,
+                };
+                assert_eq!(l, want, "epoch {epoch}, pixel {k}");
+            }
+        }
+        // Channels last: the labels keep their [height, width] shape.
+        let last = samples.clone().channels_last().batch(&[0], None, 0, 0).unwrap();
+        assert_eq!((last.label_dims.as_slice(), last.labels.len()), ([2, 3].as_slice(), 6));
+    }
+
+    #[test]
     fn augmentation_applies_before_normalisation_and_text_batches_gather_rows() {
-        let data = ImageDataset { channels: 1, height: 1, width: 4, pixels: vec![0, 51, 102, 153], labels: vec![0] };
+        let data = ImageDataset {
+            channels: 1,
+            height: 1,
+            width: 4,
+            pixels: vec![0, 51, 102, 153],
+            labels: vec![0],
+            pixel_labels: None,
+        };
         let norm = Normalization { mean: vec![0.0], std: vec![1.0] };
         let samples = Samples::images(data.clone(), norm);
         let aug = Augmentation { crop_padding: 0, horizontal_flip: true };

@@ -8,7 +8,14 @@ const RECORD: usize = 1 + 3 * SIDE * SIDE;
 
 /// Reads CIFAR-10 binary batch files (`data_batch_1.bin`...) into one dataset.
 pub fn read_cifar10(files: &[&Path]) -> Result<ImageDataset, DataError> {
-    let mut ds = ImageDataset { channels: 3, height: SIDE, width: SIDE, pixels: Vec::new(), labels: Vec::new() };
+    let mut ds = ImageDataset {
+        channels: 3,
+        height: SIDE,
+        width: SIDE,
+        pixels: Vec::new(),
+        labels: Vec::new(),
+        pixel_labels: None,
+    };
     for path in files {
         let bytes = std::fs::read(path).map_err(|error| DataError::Io { path: (*path).into(), error })?;
         if bytes.is_empty() || bytes.len() % RECORD != 0 {

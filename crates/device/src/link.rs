@@ -225,7 +225,7 @@ fn download(m: pb::MicroBatchDown, limits: &Limits, arrived_us: i64) -> Result<D
     Ok(Download {
         tag: tag_of(header),
         loss: f64::from(m.loss),
-        correct: m.correct.unwrap_or(0) as f64,
+        correct: m.correct_samples.unwrap_or(m.correct.unwrap_or(0) as f64),
         grad_activation,
         edge: EdgeTimes {
             received_us: nanos_to_us(times.received_unix_nanos),

@@ -31,7 +31,7 @@ fn options() -> EngineOptions {
 const OPTIMIZER: Optimizer = Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
 
 fn loss() -> Loss {
-    Loss::CrossEntropy { label_smoothing: 0.0 }
+    Loss::cross_entropy()
 }
 
 fn outputs_updating(model: &edgefreeze_graph::Model, state: &[String]) -> StateUpdates {

@@ -484,21 +484,25 @@ impl Worker {
             .map_err(|e| self.fail(format!("edge step of step {} micro-batch {}: {e}", self.step, h.micro_batch)))?;
 
         let mut loss = None;
-        let mut correct = None;
+        let (mut correct, mut correct_samples) = (None, None);
         let mut activation_grad = None;
         let mut grads: Vec<Option<ArrayD<f32>>> = vec![None; self.parameters.len()];
         for (name, value) in outputs {
             if name == LOSS {
                 loss = Some(scalar_f32(&name, &value).map_err(|m| self.fail(m))?);
             } else if name == CORRECT {
-                correct = Some(match &value {
-                    Value::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
+                // A count with a label per sample; in samples, a float, with labels per
+                // pixel or ignored ones (`edgefreeze_autodiff::loss::LossValues::correct`).
+                match &value {
+                    Value::I64(a) if a.len() == 1 => correct = a.iter().copied().next(),
+                    Value::F32(a) if a.len() == 1 => correct_samples = a.iter().map(|&x| f64::from(x)).next(),
                     other => {
-                        return Err(
-                            self.fail(format!("output correct: expected an int64 scalar, got {:?}", other.shape()))
-                        );
+                        return Err(self.fail(format!(
+                            "output correct: expected an int64 or float scalar, got {:?}",
+                            other.shape()
+                        )));
                     }
-                });
+                }
             } else if name == grad_name(ACTIVATION) {
                 activation_grad = Some(tensor::from_value(&value));
             } else if let Some(i) = self.parameters.iter().position(|p| p.grad_output == name) {
@@ -530,6 +534,7 @@ impl Worker {
             header: Some(h.clone()),
             loss,
             correct,
+            correct_samples,
             activation_grad,
             times: Some(EdgeTimes {
                 received_unix_nanos: received,

@@ -36,7 +36,7 @@ async fn a_split_session_updates_like_the_unsplit_step() {
     // The device half, locally.
     let model = edgefreeze_graph::import(repo().join("models/mlp.onnx")).unwrap();
     let spec = edgefreeze_rewrite::StepSpec {
-        loss: edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: edgefreeze_autodiff::Loss::cross_entropy(),
         optimizer: edgefreeze_autodiff::Optimizer::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 },
     };
     let graphs = edgefreeze_rewrite::split(&model, 0, &spec, edgefreeze_rewrite::SplitOptions::default()).unwrap();

@@ -59,7 +59,7 @@ pub fn step_times(
             layers - 1
         )));
     }
-    let loss = Loss::CrossEntropy { label_smoothing: 0.0 };
+    let loss = Loss::cross_entropy();
     let optimizer = Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 };
     let training = TrainingSpec { loss: loss.clone(), optimizer: optimizer.clone(), frozen: Vec::new() };
     let artifacts = convert(model, "depths", &training, 0, ("cross-entropy", "sgd", 0.01))

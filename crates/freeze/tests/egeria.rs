@@ -265,3 +265,73 @@ fn resumes_bit_for_bit(engine: EngineKind, knobs: Knobs) {
     );
     assert_eq!(decisions(whole.path()), decisions(resumed.path()));
 }
+
+/// Switching in place keeps every state tensor and the data order: a schedule run that
+/// freezes layer 0 after update 10 (the end of epoch 1) trains epoch 2 exactly as the
+/// frozen-prefix step graph does when loaded by hand with the run's state at that point
+/// (momentum of the layers still training, the step counter going on from 11), on the
+/// same batches, bit for bit.
+#[test]
+fn a_switch_to_a_frozen_prefix_continues_from_the_same_state_and_order() {
+    use edgefreeze_autodiff::artifacts::{files, parse_loss, parse_optimizer};
+    use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
+    use edgefreeze_autodiff::training::UPDATED_PREFIX;
+    use edgefreeze_engine::{EngineOptions, StateUpdates};
+    use edgefreeze_rewrite::{StepSpec, frozen_prefix_step};
+
+    if !data_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe(2, "constant");
+    create(dir.path(), &recipe, &schedule(vec![(10, 1)], false, None));
+    let t = train(dir.path());
+    let decisions: Vec<(u64, DecisionKind)> = decisions(dir.path()).iter().map(|d| (d.step, d.kind)).collect();
+    // Caching is off in these settings, which the run logs at its start and at the cut.
+    let freezes: Vec<_> = decisions.iter().filter(|(_, k)| *k != DecisionKind::CacheOff).collect();
+    assert_eq!(freezes, [&(10, DecisionKind::Freeze)], "{decisions:?}");
+
+    // The graph the switch loads, built from the run's own files.
+    let graphs = dir.path().join("graphs");
+    let model = edgefreeze_graph::import(graphs.join(files::FORWARD)).unwrap();
+    let manifest: edgefreeze_autodiff::artifacts::Manifest =
+        serde_json::from_slice(&std::fs::read(graphs.join(files::MANIFEST)).unwrap()).unwrap();
+    let spec = StepSpec {
+        loss: parse_loss(&manifest.loss).unwrap(),
+        optimizer: parse_optimizer(&manifest.optimizer).unwrap().0,
+    };
+    let frozen = frozen_prefix_step(&model, &spec, 1, &[]).unwrap();
+    let outputs: Vec<String> = frozen.graph.outputs.iter().map(|o| o.name.clone()).collect();
+    let start = Checkpoint::read(&checkpoint_path(dir.path(), 1)).unwrap().state;
+    let names: Vec<&str> = start.iter().map(|(n, _)| n.as_str()).collect();
+    let mut ws = edgefreeze_engine::workspace(&EngineKind::Tract, &EngineOptions::default()).unwrap();
+    let updates = StateUpdates::where_output_exists(UPDATED_PREFIX, names.iter().copied(), &outputs);
+    let g = ws.load_graph(&edgefreeze_graph::save::encode_model(&frozen), updates).unwrap();
+    for (name, value) in &start {
+        ws.set_state(name, value.clone()).unwrap();
+    }
+    // Epoch 2's batches, in the trainer's order.
+    let samples = t.train_indices();
+    let order: Vec<usize> =
+        edgefreeze_data::epoch_order(samples.len(), recipe.seed, 2).into_iter().map(|i| samples[i]).collect();
+    let lr = Value::scalar_f32(0.05);
+    let input = model.graph.inputs[0].name.clone();
+    for (k, chunk) in order.chunks(recipe.batch).enumerate() {
+        let batch = t.data().train.batch(chunk, None, recipe.seed, 2).unwrap();
+        let (x, y) = edgefreeze_train::batch_values(batch).unwrap();
+        let step = Value::scalar_i64(11 + k as i64);
+        let mut feeds = vec![(input.as_str(), &x), ("labels", &y), (LEARNING_RATE, &lr)];
+        if ws.inputs(g).iter().any(|i| i == STEP) {
+            feeds.push((STEP, &step));
+        }
+        ws.run(g, &feeds).unwrap();
+    }
+    let end = Checkpoint::read(&checkpoint_path(dir.path(), 2)).unwrap().state;
+    let mut trained = 0;
+    for (name, want) in &end {
+        assert_eq!(&ws.state(name).unwrap(), want, "{name} after epoch 2");
+        trained += usize::from(start.iter().any(|(n, v)| n == name && v != want));
+    }
+    // Everything but layer 0's weight, bias and their momenta moved.
+    assert_eq!(trained, end.len() - 4, "state tensors that moved in epoch 2");
+}

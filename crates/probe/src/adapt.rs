@@ -9,7 +9,9 @@
 //! probe), plans again and moves when a candidate saves more over the remaining steps
 //! than the move costs (moving the edge state through the device, or the layers that
 //! change sides). A re-probe that finds nothing better re-bases the prediction on the
-//! fresh measurements.
+//! fresh measurements. With `reprobe_every` it also re-probes on a period, drift or not:
+//! the step it trains at cannot show that *another* server's link got better (the device
+//! came near it), only a fresh measurement of that link can.
 
 use crate::device::median;
 use crate::{ProbeSettings, Target, probe_links};
@@ -29,6 +31,9 @@ pub struct AdaptSettings {
     pub policy: ReplanPolicy,
     /// Updates between checks.
     pub check_every: u64,
+    /// Updates between re-probes made whatever the drift (None: only on drift). Checked
+    /// at the checks, so a period shorter than `check_every` re-probes at every check.
+    pub reprobe_every: Option<u64>,
     /// Steps whose median is the measured step time (at most `check_every`).
     pub window: usize,
     /// Time budget of one link re-probe.
@@ -43,6 +48,7 @@ impl Default for AdaptSettings {
         AdaptSettings {
             policy: ReplanPolicy::default(),
             check_every: 10,
+            reprobe_every: None,
             window: 5,
             reprobe_budget: Duration::from_secs(10),
             setup_s: 0.5,
@@ -68,6 +74,8 @@ pub struct Replanner {
     /// per micro-batch).
     steps: VecDeque<(f64, f64)>,
     last_check: u64,
+    /// The update of the last re-probe (0: the first probe, before training).
+    last_reprobe: u64,
     notes: Vec<String>,
 }
 
@@ -105,6 +113,7 @@ impl Replanner {
             predicted_stages,
             steps: VecDeque::new(),
             last_check: 0,
+            last_reprobe: 0,
             notes: Vec::new(),
         }
     }
@@ -213,22 +222,34 @@ impl Adapter for Replanner {
             measured_s: median(self.steps.iter().map(|s| s.0).collect()),
             remaining_steps: seen.total_steps.saturating_sub(seen.step),
         };
-        match decide(&self.settings.policy, &current, None, |_| 0.0) {
-            Ok(Decision::Reprobe { .. }) => {}
-            Ok(_) => return None,
+        let period = self.settings.reprobe_every.filter(|&e| seen.step >= self.last_reprobe + e.max(1));
+        let drifted = match decide(&self.settings.policy, &current, None, |_| 0.0) {
+            Ok(Decision::Reprobe { .. }) => true,
+            Ok(_) => false,
             Err(e) => {
                 self.notes.push(format!("re-planning: {e}"));
                 return None;
             }
+        };
+        if !drifted && period.is_none() {
+            return None;
         }
         let drift = (current.measured_s - current.predicted_s) / current.predicted_s;
+        // Why it re-probes, for the log and the reason of a move.
+        let why = match period {
+            Some(every) if !drifted => format!(
+                "a periodic re-probe (every {every} updates; the measured step is {:+.0}% off its prediction)",
+                drift * 100.0
+            ),
+            _ => format!("the measured step drifted {:+.0}% from its prediction", drift * 100.0),
+        };
         self.notes.push(format!(
-            "update {}: measured step {:.1} ms is {:+.0}% off the predicted {:.1} ms: re-probing",
+            "update {}: measured step {:.1} ms, predicted {:.1} ms: re-probing for {why}",
             seen.step,
             current.measured_s * 1e3,
-            drift * 100.0,
             current.predicted_s * 1e3
         ));
+        self.last_reprobe = seen.step;
         let fresh = self.reprobe();
         let decision = decide(&self.settings.policy, &current, Some(&fresh), |c| self.move_cost(c));
         // Whatever is decided, later checks compare with the fresh prediction.
@@ -246,10 +267,8 @@ impl Adapter for Replanner {
                     cut: to.cut,
                     micro_batches: to.micro_batches,
                     reason: format!(
-                        "the measured step drifted {:+.0}% from its prediction; re-probed, {} at cut {} with M={} is \
-                         predicted at {:.1} ms a step instead of {:.1} ms, saving {gain_s:.2} s over the remaining \
-                         {} updates for a move of {cost_s:.2} s",
-                        drift * 100.0,
+                        "{why}; re-probed, {} at cut {} with M={} is predicted at {:.1} ms a step instead of {:.1} \
+                         ms, saving {gain_s:.2} s over the remaining {} updates for a move of {cost_s:.2} s",
                         name(to.server),
                         to.cut,
                         to.micro_batches,

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 const SAME_OPS: f64 = 2e-5;
 
 fn spec() -> StepSpec {
-    StepSpec { loss: Loss::CrossEntropy { label_smoothing: 0.0 }, optimizer: sgd() }
+    StepSpec { loss: Loss::cross_entropy(), optimizer: sgd() }
 }
 
 fn sgd() -> Optimizer {
@@ -259,7 +259,7 @@ fn invalid_cuts_and_depths_are_errors_that_say_what_is_valid() {
 #[test]
 fn every_state_tensor_has_a_layer_and_roles_keep_their_json_names() {
     let m = model("resnet20_28.onnx");
-    let spec = TrainingSpec { loss: Loss::CrossEntropy { label_smoothing: 0.0 }, optimizer: sgd(), frozen: vec![] };
+    let spec = TrainingSpec { loss: Loss::cross_entropy(), optimizer: sgd(), frozen: vec![] };
     let artifacts = convert(&m, "test", &spec, 2, ("ce", "sgd", 0.1)).unwrap();
     let analysis = analyse(&m).unwrap();
     let mut roles = HashMap::new();
@@ -317,6 +317,8 @@ zoo_cached_pair_tests! {
     cached_pair_zoo_ops_mini_dynamo => "ops_mini.dynamo";
     cached_pair_zoo_resize_mini_ts => "resize_mini.ts";
     cached_pair_zoo_resize_mini_dynamo => "resize_mini.dynamo";
+    cached_pair_zoo_seg_mini_ts => "seg_mini.ts";
+    cached_pair_zoo_seg_mini_dynamo => "seg_mini.dynamo";
     cached_pair_zoo_hf_bert_ts => "hf_bert.ts";
     cached_pair_zoo_hf_roberta_dynamo => "hf_roberta.dynamo";
     cached_pair_zoo_hf_gpt2_dynamo => "hf_gpt2.dynamo";

@@ -29,7 +29,7 @@ const SAME_OPS: f64 = 2e-5;
 
 fn spec() -> StepSpec {
     StepSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: true, weight_decay: 5e-4 },
     }
 }
@@ -277,6 +277,7 @@ macro_rules! split_tests {
 }
 
 split_tests! {
+    split_fcn_28 => "fcn_28.onnx",
     split_kws_m5 => "kws_m5.onnx",
     split_lenet5 => "lenet5.onnx",
     split_lenet5_dynamo => "lenet5_dynamo.onnx",
@@ -503,6 +504,8 @@ zoo_split_tests! {
     split_zoo_ops_mini_dynamo => "ops_mini.dynamo", [0, 1];
     split_zoo_resize_mini_ts => "resize_mini.ts", [0, 1];
     split_zoo_resize_mini_dynamo => "resize_mini.dynamo", [0, 1];
+    split_zoo_seg_mini_ts => "seg_mini.ts", [1, 3];
+    split_zoo_seg_mini_dynamo => "seg_mini.dynamo", [1, 3];
     split_zoo_hf_bert_ts => "hf_bert.ts", [3, 7];
     split_zoo_hf_roberta_dynamo => "hf_roberta.dynamo", [3, 7];
 }

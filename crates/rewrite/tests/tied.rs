@@ -35,7 +35,7 @@ fn tied() -> Model {
 
 fn spec() -> StepSpec {
     StepSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 },
     }
 }

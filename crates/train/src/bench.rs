@@ -224,7 +224,7 @@ impl Prepared {
 fn prepare(model_path: &Path, engine: &EngineKind, engine_options: &EngineOptions, batch: usize) -> Result<Prepared> {
     let model = edgefreeze_graph::import(model_path)?;
     let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 },
         frozen: Vec::new(),
     };
@@ -316,15 +316,23 @@ pub fn synthetic_batch(model: &edgefreeze_graph::Model, batch: usize) -> Result<
         }
         _ => Value::F32(ArrayD::from_shape_vec(IxDyn(&dims), (0..n).map(|_| rng.uniform()).collect()).unwrap()),
     };
-    let classes = model.graph.outputs[0]
-        .shape
-        .as_ref()
-        .and_then(|s| s.last())
-        .and_then(Dim::fixed)
-        .ok_or_else(|| TrainError::Config("the model's output has no fixed class dimension".into()))?
-        as u64;
+    // Classes on axis 1; a label per sample, or per element of the axes behind them (a
+    // segmentation model's class map per pixel), as the cross-entropy takes them.
+    let no_classes = || TrainError::Config("the model's output has no fixed class dimension".into());
+    let output = model.graph.outputs[0].shape.as_ref().ok_or_else(no_classes)?;
+    let classes = output.get(1).and_then(Dim::fixed).ok_or_else(no_classes)? as u64;
+    let mut label_dims = vec![batch];
+    for d in output.iter().skip(2) {
+        label_dims.push(
+            d.fixed().ok_or_else(|| {
+                TrainError::Config("the model's output has a symbolic size behind its classes".into())
+            })?,
+        );
+    }
+    let count = label_dims.iter().product();
     let labels = Value::I64(
-        ArrayD::from_shape_vec(IxDyn(&[batch]), (0..batch).map(|_| (rng.next() % classes) as i64).collect()).unwrap(),
+        ArrayD::from_shape_vec(IxDyn(&label_dims), (0..count).map(|_| (rng.next() % classes) as i64).collect())
+            .unwrap(),
     );
     Ok((value, labels))
 }

@@ -11,6 +11,7 @@ use crate::run::{GRAPHS_DIR, METRICS_FILE, RunSpec, open_run, read_manifest};
 use crate::step::{StepRunner, StepScalars};
 use crate::tensors::scalar;
 use edgefreeze_autodiff::artifacts::{Manifest, Port, files};
+use edgefreeze_autodiff::loss::LABELS;
 use edgefreeze_autodiff::training::{CORRECT, LOSS};
 use edgefreeze_data::named::{OpenOptions, Splits, open_with};
 use edgefreeze_data::{Batch, Inputs, Loader, LoaderOptions, Samples, batch_count, epoch_order};
@@ -530,7 +531,9 @@ pub fn batch_values(batch: Batch) -> Result<(Value, Value)> {
         Inputs::F32(v) => Value::F32(ArrayD::from_shape_vec(shape, v).map_err(bad)?),
         Inputs::I64(v) => Value::I64(ArrayD::from_shape_vec(shape, v).map_err(bad)?),
     };
-    let labels = Value::I64(ArrayD::from_shape_vec(IxDyn(&[len]), batch.labels).map_err(bad)?);
+    let mut label_shape = vec![len];
+    label_shape.extend(&batch.label_dims);
+    let labels = Value::I64(ArrayD::from_shape_vec(IxDyn(&label_shape), batch.labels).map_err(bad)?);
     Ok((input, labels))
 }
 
@@ -664,7 +667,58 @@ pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
             shape_text(&wanted)
         )));
     }
-    let classes = manifest.eval.outputs.last().and_then(|o| o.shape.last()).and_then(|d| d.as_u64());
+    // Class labels: one per sample, or one per pixel of a segmentation dataset, as the
+    // loss's labels input takes them (the class axis of the logits is 1 either way).
+    let labels = manifest.eval.inputs.iter().find(|p| p.name == LABELS);
+    let class_labels = labels.is_some_and(|p| p.dtype == "i64");
+    if let Some(labels) = labels.filter(|_| class_labels) {
+        let wanted = sample_dims(labels);
+        let have = data.train.label_dims();
+        if !takes(&wanted, &have) {
+            let per = |dims: &[usize]| match dims {
+                [] => "one label per sample".to_string(),
+                dims => format!(
+                    "labels of shape {} per sample",
+                    dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×")
+                ),
+            };
+            return Err(TrainError::Config(format!(
+                "dataset {} gives {} but the model's loss takes {}{}",
+                data.name,
+                per(&have),
+                if wanted.is_empty() {
+                    "one label per sample".to_string()
+                } else {
+                    format!("labels of shape {} per sample", shape_text(&wanted))
+                },
+                if have.is_empty() && !wanted.is_empty() {
+                    " (a class map per pixel: train it on a segmentation dataset, such as fashion-mnist-seg)"
+                } else if wanted.is_empty() {
+                    " (one class per sample: a segmentation dataset needs a model that outputs a class map per pixel)"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    // A label outside the classes that the loss does not ignore would train every class
+    // towards zero there: the dataset's unlabelled pixels need the loss to ignore them.
+    if let Some(unlabelled) = data.unlabelled.filter(|_| class_labels) {
+        let ignored = match edgefreeze_autodiff::artifacts::parse_loss(&manifest.loss) {
+            Ok(edgefreeze_autodiff::Loss::CrossEntropy { ignore_index, .. }) => ignore_index,
+            _ => None,
+        };
+        if ignored != Some(unlabelled) {
+            return Err(TrainError::Config(format!(
+                "dataset {} labels the pixels it leaves unlabelled {unlabelled}, which the loss {:?} does not ignore: \
+                 train with --loss cross-entropy:ignore={unlabelled}",
+                data.name, manifest.loss
+            )));
+        }
+    }
+    let output = manifest.eval.outputs.last();
+    let classes = if class_labels { output.and_then(|o| o.shape.get(1)) } else { output.and_then(|o| o.shape.last()) }
+        .and_then(|d| d.as_u64());
     if let Some(classes) = classes
         && (classes as usize) < data.classes
     {

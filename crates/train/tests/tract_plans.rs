@@ -20,7 +20,7 @@ fn plans_agree(name: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models").join(format!("{name}.onnx"));
     let model = edgefreeze_graph::import(&path).unwrap();
     let spec = TrainingSpec {
-        loss: Loss::CrossEntropy { label_smoothing: 0.0 },
+        loss: Loss::cross_entropy(),
         optimizer: Optimizer::Sgd { momentum: 0.9, nesterov: false, weight_decay: 5e-4 },
         frozen: Vec::new(),
     };
@@ -134,4 +134,16 @@ fn resnet20_optimised_plan_matches_the_generic_plan() {
 #[test]
 fn mobilenetv2_optimised_plan_matches_the_generic_plan() {
     plans_agree("mobilenetv2_05");
+}
+
+/// The segmentation model: a class map per pixel (labels per pixel from
+/// `synthetic_batch`), bilinear upsampling and its gradient on the optimised plan.
+#[test]
+fn fcn_optimised_plan_matches_the_generic_plan() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/fcn_28.onnx");
+    let (_, labels) = synthetic_batch(&edgefreeze_graph::import(&path).unwrap(), 3).unwrap();
+    let labels = labels.as_i64().unwrap();
+    assert_eq!(labels.shape(), [3, 28, 28]);
+    assert!(labels.iter().all(|&l| (0..11).contains(&l)) && labels.iter().any(|&l| l == 10));
+    plans_agree("fcn_28");
 }

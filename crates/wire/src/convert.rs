@@ -8,8 +8,8 @@ use edgefreeze_autodiff::{Loss, Optimizer};
 pub fn loss_to_wire(loss: &Loss) -> Result<pb::Loss, WireError> {
     use pb::loss::Kind;
     let kind = match loss {
-        Loss::CrossEntropy { label_smoothing } => {
-            Kind::CrossEntropy(pb::CrossEntropy { label_smoothing: *label_smoothing })
+        Loss::CrossEntropy { label_smoothing, ignore_index } => {
+            Kind::CrossEntropy(pb::CrossEntropy { label_smoothing: *label_smoothing, ignore_index: *ignore_index })
         }
         Loss::MeanSquaredError => Kind::MeanSquaredError(pb::MeanSquaredError {}),
         Loss::Output => {
@@ -29,7 +29,7 @@ pub fn loss_from_wire(loss: Option<&pb::Loss>) -> Result<Loss, WireError> {
             if !(0.0..1.0).contains(&c.label_smoothing) {
                 return Err(WireError::message(format!("label smoothing {} is not in [0, 1)", c.label_smoothing)));
             }
-            Ok(Loss::CrossEntropy { label_smoothing: c.label_smoothing })
+            Ok(Loss::CrossEntropy { label_smoothing: c.label_smoothing, ignore_index: c.ignore_index })
         }
         Some(Kind::MeanSquaredError(_)) => Ok(Loss::MeanSquaredError),
         None => Err(WireError::message("the split request names no loss")),
@@ -85,7 +85,11 @@ mod tests {
 
     #[test]
     fn losses_and_optimizers_round_trip() {
-        for loss in [Loss::CrossEntropy { label_smoothing: 0.1 }, Loss::MeanSquaredError] {
+        for loss in [
+            Loss::CrossEntropy { label_smoothing: 0.1, ignore_index: None },
+            Loss::CrossEntropy { label_smoothing: 0.0, ignore_index: Some(255) },
+            Loss::MeanSquaredError,
+        ] {
             assert_eq!(loss_from_wire(Some(&loss_to_wire(&loss).unwrap())).unwrap(), loss);
         }
         assert!(loss_to_wire(&Loss::Output).is_err());

@@ -82,7 +82,9 @@ pub fn split_request(
     SplitRequest {
         model: model_bytes(model),
         cut_after_layer,
-        loss: Some(pb::Loss { kind: Some(pb::loss::Kind::CrossEntropy(pb::CrossEntropy { label_smoothing: 0.0 })) }),
+        loss: Some(pb::Loss {
+            kind: Some(pb::loss::Kind::CrossEntropy(pb::CrossEntropy { label_smoothing: 0.0, ignore_index: None })),
+        }),
         optimizer: Some(pb::Optimizer {
             kind: Some(pb::optimizer::Kind::Sgd(pb::Sgd { momentum: 0.0, nesterov: false, weight_decay: 0.0 })),
         }),
@@ -230,7 +232,7 @@ pub fn whole_model_builder() -> SideBuilder {
 /// What the whole-model side computes locally: the gradient graph on the whole batch.
 pub fn local_gradients(model: &str, input: &[f32], shape: &[usize], labels: &[i64]) -> Vec<(String, Vec<f32>)> {
     let imported = edgefreeze_graph::import(repo().join("models").join(format!("{model}.onnx"))).unwrap();
-    let loss = edgefreeze_autodiff::Loss::CrossEntropy { label_smoothing: 0.0 };
+    let loss = edgefreeze_autodiff::Loss::cross_entropy();
     let grad = edgefreeze_autodiff::gradient_graph(&imported, &loss, &[]).unwrap();
     let parameters = edgefreeze_graph::analysis::parameter_names(&imported.graph);
     let bytes = edgefreeze_graph::save::encode_model(&grad);

@@ -138,8 +138,14 @@ pub fn batch_of(model: &Model, first: usize, batch: usize) -> HashMap<String, Va
         };
         feeds.insert(input.name.clone(), v);
     }
-    let labels = (first..first + batch).map(|s| (s * 7 % classes) as i64).collect();
-    feeds.insert("labels".into(), Value::I64(ArrayD::from_shape_vec(IxDyn(&[batch]), labels).unwrap()));
+    // A label per sample, or per pixel (the axes behind the classes) of a class map.
+    let per_sample: Vec<usize> =
+        model.graph.outputs[0].shape.as_ref().unwrap()[2..].iter().map(|d| d.fixed().unwrap()).collect();
+    let per: usize = per_sample.iter().product();
+    let labels =
+        (first..first + batch).flat_map(|s| (0..per).map(move |p| ((s * 7 + p * 3) % classes) as i64)).collect();
+    let dims: Vec<usize> = std::iter::once(batch).chain(per_sample).collect();
+    feeds.insert("labels".into(), Value::I64(ArrayD::from_shape_vec(IxDyn(&dims), labels).unwrap()));
     feeds
 }
 
