@@ -9,16 +9,19 @@ use edgefreeze_graph::ir::Attribute;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Loss {
     /// Softmax cross-entropy over axis 1 of logits `[N, K, d1, …]` against int64 class
-    /// labels `[N, d1, …]` (one per sample, or one per pixel or position of a segmentation
-    /// or tagging model), averaged over the labels, with optional label smoothing and an
-    /// ignored label: PyTorch's `F.cross_entropy(logits, labels, ignore_index=…,
-    /// label_smoothing=…)`.
+    /// labels `[N, d1, …]` (one per sample, or one per pixel of a segmentation model's
+    /// class map), averaged over the labels, with optional label smoothing and an ignored
+    /// label: PyTorch's `F.cross_entropy(logits, labels, ignore_index=…,
+    /// label_smoothing=…)`, classes on axis 1 as there (a model whose classes come last,
+    /// `[N, T, K]`, needs them moved first). Labels must lie in 0..K or be the ignored
+    /// one: PyTorch refuses others; here such a label has no hot class, so its loss and
+    /// its gradient would not agree (the trainer refuses datasets whose labels do not fit).
     CrossEntropy {
         /// Weight moved from the true class to the uniform distribution, in [0, 1).
         label_smoothing: f64,
         /// Labels with this value add nothing to the loss, its gradient or the accuracy,
-        /// and the mean is over the others (PyTorch's `ignore_index`; 255 in Pascal VOC's
-        /// masks, −100 in Hugging Face's token labels).
+        /// and the mean is over the others (PyTorch's `ignore_index`, 255 in Pascal VOC's
+        /// masks; unlike PyTorch's, there is none by default, not −100).
         ignore_index: Option<i64>,
     },
     /// Mean squared error of the output against float targets of the same shape,

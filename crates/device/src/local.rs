@@ -3,23 +3,24 @@
 //! tests.
 //!
 //! It computes what `edgefreeze edge serve` computes for a session, in the same
-//! arithmetic: each micro-batch's parameter gradients are summed weighted by its samples
-//! in f64, and the update feeds their mean over the step's samples, as f32, with a
+//! arithmetic: each micro-batch's parameter gradients are summed weighted by its counted
+//! labels in f64, and the update feeds their mean over the step's counted labels, as f32, with a
 //! gradient scale of 1. So a run that falls back to it goes on as it would have on a
 //! server with the same engine.
 
 use crate::error::{DeviceError, Result};
 use crate::pipeline::{Download, EdgeTimes, Link, Tag, Upload};
-use edgefreeze_autodiff::GRAD_SCALE;
 use edgefreeze_autodiff::artifacts::Side;
 use edgefreeze_autodiff::loss::LABELS;
 use edgefreeze_autodiff::optim::{LEARNING_RATE, STEP};
 use edgefreeze_autodiff::training::{CORRECT, LOSS, UPDATED_PREFIX, grad_name};
 use edgefreeze_autodiff::training_mode::DROPOUT_SEED;
+use edgefreeze_autodiff::{GRAD_SCALE, Loss};
 use edgefreeze_engine::{EngineKind, EngineOptions, GraphId, StateUpdates, Value, Workspace};
 use edgefreeze_graph::Model;
 use edgefreeze_graph::save::encode_model;
 use edgefreeze_rewrite::{ACTIVATION, SplitGraphs};
+use edgefreeze_wire::convert::counted_labels;
 use std::collections::VecDeque;
 
 /// One parameter's gradient sum over the micro-batches of a step.
@@ -37,7 +38,10 @@ pub struct LocalEdge {
     apply: GraphId,
     state: Vec<String>,
     sums: Vec<Sum>,
-    samples: usize,
+    /// The step's counted labels so far (`edgefreeze_wire::convert::counted_labels`).
+    counted: f64,
+    /// The run's loss: which labels count (every one, unless it ignores some).
+    loss: Loss,
     takes_dropout_seed: bool,
     replies: VecDeque<Download>,
     /// The answer to the update requested last, until it is read.
@@ -46,12 +50,13 @@ pub struct LocalEdge {
 
 impl LocalEdge {
     /// The edge side of `graphs` with its state taken by name from `state` (the whole
-    /// model's state, or the edge's).
+    /// model's state, or the edge's), weighting micro-batches by the labels `loss` counts.
     pub fn new(
         graphs: &SplitGraphs,
         state: &[(String, Value)],
         engine: &EngineKind,
         options: &EngineOptions,
+        loss: &Loss,
     ) -> Result<LocalEdge> {
         let mut workspace = edgefreeze_engine::workspace(engine, options)?;
         let names: Vec<String> =
@@ -85,7 +90,8 @@ impl LocalEdge {
             apply,
             state: names,
             sums,
-            samples: 0,
+            counted: 0.0,
+            loss: loss.clone(),
             takes_dropout_seed,
             replies: VecDeque::new(),
             update: None,
@@ -118,7 +124,7 @@ fn scalar(name: &str, value: &Value) -> Result<f64> {
 
 impl Link for LocalEdge {
     fn send(&mut self, up: Upload) -> Result<()> {
-        let samples = up.labels.shape().first().copied().unwrap_or(0);
+        let weight = counted_labels(&self.loss, &up.labels);
         let seed = up.dropout_seed.map(Value::scalar_i64);
         let mut inputs: Vec<(&str, &Value)> = vec![(ACTIVATION, &up.activation), (LABELS, &up.labels)];
         match (&seed, self.takes_dropout_seed) {
@@ -148,11 +154,11 @@ impl Link for LocalEdge {
                     ))
                 })?;
                 for (s, &g) in sum.sum.iter_mut().zip(grad.iter()) {
-                    *s += samples as f64 * f64::from(g);
+                    *s += weight * f64::from(g);
                 }
             }
         }
-        self.samples += samples;
+        self.counted += weight;
         self.replies.push_back(Download {
             tag: up.tag,
             loss: loss.ok_or_else(|| DeviceError::Config("the edge step computed no loss".into()))?,
@@ -183,7 +189,8 @@ impl Link for LocalEdge {
 impl LocalEdge {
     /// Applies the summed gradients of the step `tag.step` → the tag of the next step.
     fn apply_update(&mut self, tag: &Tag, lr: f64) -> Result<Tag> {
-        let total = self.samples.max(1) as f64;
+        // Nothing counted: every micro-batch's loss and gradient were 0.
+        let total = if self.counted > 0.0 { self.counted } else { 1.0 };
         let mut grads = Vec::with_capacity(self.sums.len());
         for s in &mut self.sums {
             let mean: Vec<f32> = s.sum.iter().map(|&x| (x / total) as f32).collect();
@@ -192,7 +199,7 @@ impl LocalEdge {
                 .map_err(|e| DeviceError::Config(format!("gradient {}: {e}", s.output)))?;
             grads.push((s.output.clone(), Value::F32(array)));
         }
-        self.samples = 0;
+        self.counted = 0.0;
         let (lr, scale) = (Value::scalar_f32(lr as f32), Value::scalar_f32(1.0));
         let step = Value::scalar_i64(i64::try_from(tag.step + 1).unwrap_or(i64::MAX));
         // The input names are copied so the feeds can borrow them while the workspace runs.

@@ -11,10 +11,12 @@
 //! split learning. Forwards go first whenever the window allows, because the edge is
 //! usually the critical resource and a forward is what feeds it.
 //!
-//! Every gradient is accumulated weighted by its micro-batch's share of the batch
-//! (n_i / N): the mean loss over the batch is Σ (n_i/N)·(mean loss of micro-batch i), so
-//! the accumulated gradient is the full batch's gradient and one apply-update per side
-//! per step makes the pipelined step compute the same update as the unpipelined one.
+//! Every gradient is accumulated weighted by its micro-batch's share of the batch's
+//! labels (c_i / C, the labels its mean loss averages over: n_i / N with a label per
+//! sample and none ignored; [`edgefreeze_wire::convert::counted_labels`]): the mean loss
+//! over the batch is Σ (c_i/C)·(mean loss of micro-batch i), so the accumulated gradient
+//! is the full batch's gradient and one apply-update per side per step makes the
+//! pipelined step compute the same update as the unpipelined one.
 //! BatchNorm is the exception: it normalises with each micro-batch's own statistics and
 //! updates its running statistics once per micro-batch, as PyTorch does under gradient
 //! accumulation, so a BatchNorm model trained with M micro-batches matches local training
@@ -29,6 +31,7 @@
 
 use crate::error::{DeviceError, Result};
 use edgefreeze_engine::Value;
+use edgefreeze_wire::convert::counted_labels;
 use ndarray::{ArrayD, Axis, Slice};
 use std::collections::VecDeque;
 
@@ -298,6 +301,8 @@ pub struct StepSettings {
     pub frozen_device: bool,
     /// Ask the edge to checkpoint its side after this step's update.
     pub checkpoint: bool,
+    /// The loss: which labels each micro-batch's mean counts (its weight in the step).
+    pub loss: edgefreeze_autodiff::Loss,
 }
 
 struct InFlight<S> {
@@ -338,6 +343,11 @@ pub fn run_step<D: DeviceSide, L: Link>(
     if m == 0 || n == 0 {
         return Err(DeviceError::Config(format!("step {} has no samples", settings.step)));
     }
+    // Each micro-batch's weight: its counted labels over the batch's (none counted: the
+    // loss is 0 everywhere and so is every weight).
+    let counted: Vec<f64> = micro_batches.iter().map(|mb| counted_labels(&settings.loss, &mb.labels)).collect();
+    let total: f64 = counted.iter().sum();
+    let share = |i: usize| if total > 0.0 { counted[i] / total } else { 0.0 };
     let window = settings.mode.window();
     let tag = |micro_batch: usize| Tag {
         session: settings.session.clone(),
@@ -408,8 +418,18 @@ pub fn run_step<D: DeviceSide, L: Link>(
             received_us,
             edge: reply.edge,
         });
-        loss_sum += reply.loss * waiting.samples as f64;
-        correct += reply.correct;
+        let i = micro_batch as usize;
+        loss_sum += reply.loss * share(i);
+        // A count with a label per sample; else in samples, of the micro-batch's counted
+        // labels (`edgefreeze_autodiff::loss::LossValues::correct`): its hits are
+        // correct·c_i/n_i, and the batch's, in samples, Σ hits / C · N.
+        correct += if counted[i] == waiting.samples as f64 {
+            reply.correct
+        } else if waiting.samples > 0 {
+            reply.correct * share(i) * n as f64 / waiting.samples as f64
+        } else {
+            0.0
+        };
         match (waiting.stash.take(), reply.grad_activation) {
             (Some(stash), Some(grad)) => {
                 if grad.shape() != waiting.activation_shape.as_slice() {
@@ -420,7 +440,7 @@ pub fn run_step<D: DeviceSide, L: Link>(
                     )));
                 }
                 let start_us = now_us();
-                device.backward(stash, grad, waiting.samples as f64 / n as f64)?;
+                device.backward(stash, grad, share(i))?;
                 times.device.push(DeviceSpan {
                     work: DeviceWork::Backward,
                     step: settings.step,
@@ -458,7 +478,7 @@ pub fn run_step<D: DeviceSide, L: Link>(
         end_us: now_us(),
     });
     check_reply(&Tag { step: settings.step + 1, ..tag(0) }, &Tag { micro_batch: 0, ..answer })?;
-    Ok(StepReport { loss: loss_sum / n as f64, correct, samples: n, micro_batches: m, times })
+    Ok(StepReport { loss: loss_sum, correct, samples: n, micro_batches: m, times })
 }
 
 /// Gradients summed over micro-batches, by parameter name, in f32 or f64.
@@ -733,6 +753,7 @@ mod tests {
                 mode,
                 frozen_device: frozen,
                 checkpoint: false,
+                loss: edgefreeze_autodiff::Loss::MeanSquaredError,
             };
             reports.push(run_step(&mut device, &mut link, &mbs, &settings)?);
             w2 = params.recv().unwrap();
@@ -827,6 +848,7 @@ mod tests {
             mode: Mode::Pipelined { max_in_flight: 2 },
             frozen_device,
             checkpoint: false,
+            loss: edgefreeze_autodiff::Loss::MeanSquaredError,
         };
         let err = run_step(&mut device, &mut link, &split_batch(&x, &y, 2).unwrap(), &settings).unwrap_err();
         assert!(device.backwards.is_empty(), "no gradient may be applied from a bad reply");

@@ -350,6 +350,8 @@ pub struct DeviceTrainer {
     last_checkpoint: PathBuf,
     last_test_accuracy: Option<f64>,
     takes_dropout_seed: bool,
+    /// The run's loss: which labels weigh in each micro-batch.
+    loss: edgefreeze_autodiff::Loss,
     schedule: Vec<StepTimes>,
     warned_no_edge_checkpoint: bool,
 }
@@ -401,6 +403,8 @@ impl DeviceTrainer {
         let DeviceGraphs { forward, backward, apply, state: initial } =
             device_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
         let takes_dropout_seed = forward.graph.inputs.iter().any(|i| i.name == crate::compute::DROPOUT_SEED);
+        let loss = edgefreeze_autodiff::artifacts::parse_loss(&manifest.loss)
+            .map_err(|e| DeviceError::Config(format!("the run's loss {:?}: {e}", manifest.loss)))?;
 
         let mut recorded_place = None;
         let mut checkpoint_state = Vec::new();
@@ -494,8 +498,13 @@ impl DeviceTrainer {
         let (session, header, place) = match (opened, alone) {
             (_, Some(place)) => {
                 let graphs = split_graphs(&model_path, &run.split, &manifest.loss, &manifest.optimizer)?;
-                let local =
-                    LocalEdge::new(&graphs, &checkpoint_state, &options.train.engine, &options.train.engine_options)?;
+                let local = LocalEdge::new(
+                    &graphs,
+                    &checkpoint_state,
+                    &options.train.engine,
+                    &options.train.engine_options,
+                    &loss,
+                )?;
                 let header = alone_header(steps_done);
                 (EdgeConn::Local(Some(Box::new(local))), header, place)
             }
@@ -557,6 +566,7 @@ impl DeviceTrainer {
             last_checkpoint,
             last_test_accuracy,
             takes_dropout_seed,
+            loss,
             schedule: Vec::new(),
             warned_no_edge_checkpoint: false,
         })
@@ -877,6 +887,7 @@ impl DeviceTrainer {
                 mode,
                 frozen_device: self.run.split.freeze_device,
                 checkpoint: index + 1 == batches,
+                loss: self.loss.clone(),
             };
             let step_started = Instant::now();
             let report = run_step(&mut self.device, link, &micro_batches, &settings)?;
@@ -1111,7 +1122,7 @@ impl DeviceTrainer {
         let model = graphs_dir.join(edgefreeze_autodiff::artifacts::files::FORWARD);
         let graphs = split_graphs(&model, &self.run.split, &manifest.loss, &manifest.optimizer)?;
         let engine = &self.options.train;
-        let local = LocalEdge::new(&graphs, &consistent.edge, &engine.engine, &engine.engine_options)?;
+        let local = LocalEdge::new(&graphs, &consistent.edge, &engine.engine, &engine.engine_options, &self.loss)?;
         let reason = format!(
             "the edge at {address} was lost at update {lost_step} ({message}) and no edge server took the run over \
              in {:.0} s: training alone on the device from update {}, the last consistent copy of both sides ({} \

@@ -76,8 +76,9 @@ fn local(
     sample: &[usize],
     names: &[String],
     initial: &[(String, Value)],
+    loss: &Loss,
 ) -> Vec<(String, Value)> {
-    let spec = TrainingSpec { loss: loss(), optimizer: OPTIMIZER, frozen: Vec::new() };
+    let spec = TrainingSpec { loss: loss.clone(), optimizer: OPTIMIZER, frozen: Vec::new() };
     let graph = training_step_graph(m, &spec).unwrap();
     let mut ws = edgefreeze_engine::workspace(&EngineKind::Tract, &options()).unwrap();
     for (n, v) in initial {
@@ -92,15 +93,15 @@ fn local(
     names.iter().map(|n| (n.clone(), ws.state(n).unwrap())).collect()
 }
 
-fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
+fn split_training(onnx: &str, sample: &[usize], cuts: &[usize], loss: &Loss) {
     let m = model(onnx);
-    let spec = StepSpec { loss: loss(), optimizer: OPTIMIZER };
+    let spec = StepSpec { loss: loss.clone(), optimizer: OPTIMIZER };
     for &cut in cuts {
         let graphs = split(&m, cut, &spec, SplitOptions::default()).unwrap();
         let initial: Vec<(String, Value)> =
             graphs.state.iter().map(|(n, t)| (n.clone(), value_from_tensor(n, t).unwrap())).collect();
         let names: Vec<String> = initial.iter().map(|(n, _)| n.clone()).collect();
-        let want = local(&m, sample, &names, &initial);
+        let want = local(&m, sample, &names, &initial, loss);
         let side = |s| graphs.manifest.state.iter().filter(move |e| e.side == Some(s)).map(|e| e.name.clone());
         let device_names: Vec<String> = side(edgefreeze_autodiff::artifacts::Side::Device).collect();
         let edge_names: Vec<String> = side(edgefreeze_autodiff::artifacts::Side::Edge).collect();
@@ -124,7 +125,7 @@ fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
                 &options(),
             )
             .unwrap();
-            let mut edge = LocalEdge::new(&graphs, &initial, &EngineKind::Tract, &options()).unwrap();
+            let mut edge = LocalEdge::new(&graphs, &initial, &EngineKind::Tract, &options(), loss).unwrap();
             for s in 0..STEPS {
                 let (x, y) = batch(s, BATCH, sample);
                 let settings = StepSettings {
@@ -135,6 +136,7 @@ fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
                     mode,
                     frozen_device: false,
                     checkpoint: false,
+                    loss: loss.clone(),
                 };
                 let report = run_step(&mut device, &mut edge, &split_batch(&x, &y, mb).unwrap(), &settings).unwrap();
                 assert_eq!(report.micro_batches, mb);
@@ -159,10 +161,23 @@ fn split_training(onnx: &str, sample: &[usize], cuts: &[usize]) {
 
 #[test]
 fn mlp_split_training_equals_local_training() {
-    split_training("mlp.onnx", &[1, 28, 28], &[0, 1]);
+    split_training("mlp.onnx", &[1, 28, 28], &[0, 1], &loss());
+}
+
+/// With an ignored label the micro-batches count different numbers of labels (label 7
+/// is ignored: one in step 0's first half of 4 samples, none in its second), so each
+/// weighs by the labels it counts, not by its samples, on both sides; the step is then
+/// the whole batch's mean over its counted labels, as local training's.
+#[test]
+fn mlp_split_training_with_an_ignored_label_equals_local_training() {
+    let (_, labels) = batch(0, BATCH, &[1, 28, 28]);
+    let first_half: Vec<i64> = labels.as_i64().unwrap().iter().take(BATCH / 2).copied().collect();
+    assert!(first_half.contains(&7) && !labels.as_i64().unwrap().iter().skip(BATCH / 2).any(|&l| l == 7));
+    let ignoring = Loss::CrossEntropy { label_smoothing: 0.0, ignore_index: Some(7) };
+    split_training("mlp.onnx", &[1, 28, 28], &[0, 1], &ignoring);
 }
 
 #[test]
 fn lenet5_split_training_equals_local_training() {
-    split_training("lenet5.onnx", &[1, 28, 28], &[1]);
+    split_training("lenet5.onnx", &[1, 28, 28], &[1], &loss());
 }

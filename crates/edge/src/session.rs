@@ -124,8 +124,11 @@ struct Worker {
     step: u64,
     /// The micro-batch expected next within the step.
     next_micro_batch: u32,
-    /// Samples in the step's micro-batches so far.
-    samples: usize,
+    /// Labels counted in the step's micro-batches so far: each micro-batch's weight
+    /// (`edgefreeze_wire::convert::counted_labels`; its samples with a label per sample).
+    counted: f64,
+    /// The loss: which labels count.
+    loss: edgefreeze_autodiff::Loss,
     limits: Limits,
     store: Option<RunStore>,
     failed: Option<String>,
@@ -140,7 +143,7 @@ struct Worker {
 struct Parameter {
     grad_output: String,
     shape: Vec<usize>,
-    /// Σ n_i · g_i over the step's micro-batches (n_i samples, g_i their mean gradient),
+    /// Σ c_i · g_i over the step's micro-batches (c_i the labels micro-batch i counts, g_i its mean gradient),
     /// in f64 so summing M micro-batches adds no error a single batch would not have.
     sum: Vec<f64>,
 }
@@ -280,7 +283,8 @@ impl Worker {
             parameters,
             step,
             next_micro_batch: 0,
-            samples: 0,
+            counted: 0.0,
+            loss: spec.loss.clone(),
             limits,
             store,
             failed: None,
@@ -521,14 +525,14 @@ impl Worker {
         if self.info.returns_activation_grad && activation_grad.is_none() {
             return Err(self.fail("the edge step computed no activation gradient".into()));
         }
+        let weight = edgefreeze_wire::convert::counted_labels(&self.loss, &labels);
         for (p, g) in self.parameters.iter_mut().zip(grads) {
             let g = g.ok_or_else(|| Status::internal(format!("the edge step computed no {}", p.grad_output)))?;
-            let weight = samples as f64;
             for (s, &x) in p.sum.iter_mut().zip(g.iter()) {
                 *s += weight * f64::from(x);
             }
         }
-        self.samples += samples;
+        self.counted += weight;
         self.next_micro_batch += 1;
         Ok(MicroBatchDown {
             header: Some(h.clone()),
@@ -565,9 +569,10 @@ impl Worker {
                 self.step, self.next_micro_batch, self.info.micro_batches
             )));
         }
-        // The batch's mean gradient: Σ n_i g_i / Σ n_i, which is the full batch's gradient
-        // when nothing in the edge side couples samples (BatchNorm does, per micro-batch).
-        let total = self.samples as f64;
+        // The batch's mean gradient: Σ c_i g_i / Σ c_i (c_i the counted labels of
+        // micro-batch i), which is the full batch's gradient when nothing in the edge side
+        // couples samples (BatchNorm does, per micro-batch). Nothing counted: all were 0.
+        let total = if self.counted > 0.0 { self.counted } else { 1.0 };
         let mut grads = Vec::new();
         for p in &self.parameters {
             let mean: Vec<f32> = p.sum.iter().map(|&s| (s / total) as f32).collect();
@@ -604,7 +609,7 @@ impl Worker {
         self.step += 1;
         self.shared.step.store(self.step, Ordering::Relaxed);
         self.next_micro_batch = 0;
-        self.samples = 0;
+        self.counted = 0.0;
         for p in &mut self.parameters {
             p.sum.iter_mut().for_each(|s| *s = 0.0);
         }

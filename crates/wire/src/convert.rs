@@ -36,6 +36,21 @@ pub fn loss_from_wire(loss: Option<&pb::Loss>) -> Result<Loss, WireError> {
     }
 }
 
+/// The labels of a micro-batch that its mean loss averages over: those not ignored (all
+/// of them, of every element, without an ignored label). Each side weights a micro-batch's
+/// loss and gradients by this count, so that the step's are the whole batch's mean over
+/// its labels: with samples as the weights a micro-batch with many ignored labels would
+/// weigh as much as one with none, and the split would not train as the unsplit step.
+#[cfg(feature = "engine")]
+pub fn counted_labels(loss: &Loss, labels: &edgefreeze_engine::Value) -> f64 {
+    match (loss, labels) {
+        (Loss::CrossEntropy { ignore_index: Some(ignored), .. }, edgefreeze_engine::Value::I64(a)) => {
+            a.iter().filter(|&&l| l != *ignored).count() as f64
+        }
+        _ => labels.shape().iter().product::<usize>() as f64,
+    }
+}
+
 /// The wire form of an optimizer.
 pub fn optimizer_to_wire(optimizer: &Optimizer) -> pb::Optimizer {
     use pb::optimizer::Kind;

@@ -101,18 +101,20 @@ pub fn check_port(tensor: &Checked<'_>, port: &PortSpec) -> Result<usize, WireEr
     if shape.len() != port.dims.len() {
         return Err(mismatch());
     }
-    let mut batch = 1;
+    // The batch is the first free axis (a later one, a size the model leaves open such as
+    // a segmentation map's height, is not the sample count).
+    let mut batch = None;
     for (&got, &want) in shape.iter().zip(&port.dims) {
         if want < 0 {
             if got == 0 {
                 return Err(WireError::tensor(name, "an empty batch"));
             }
-            batch = got;
+            batch = batch.or(Some(got));
         } else if got as i64 != want {
             return Err(mismatch());
         }
     }
-    Ok(batch)
+    Ok(batch.unwrap_or(1))
 }
 
 /// `batch×16×28×28` for dims `[-1, 16, 28, 28]`.
