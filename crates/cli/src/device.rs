@@ -82,7 +82,8 @@ pub struct DeviceTrainArgs {
     /// An inference ONNX model.
     #[arg(long, required_unless_present = "resume")]
     pub model: Option<PathBuf>,
-    /// Dataset: fashion-mnist, mnist, spam-assassin, cifar10:<dir> or idx:<dir>.
+    /// Dataset: fashion-mnist, mnist, fashion-mnist-seg, mnist-seg (a label per pixel),
+    /// spam-assassin, cifar10:<dir> or idx:<dir>.
     #[arg(long, required_unless_present = "resume")]
     pub data: Option<String>,
     /// Continue the device run in this folder (or the latest numbered run in it) from its

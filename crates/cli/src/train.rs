@@ -24,7 +24,8 @@ pub struct TrainArgs {
     /// An inference ONNX model, or a folder written by `edgefreeze convert`.
     #[arg(long, required_unless_present = "resume")]
     pub model: Option<PathBuf>,
-    /// Dataset: fashion-mnist, mnist, spam-assassin, cifar10:<dir> or idx:<dir>.
+    /// Dataset: fashion-mnist, mnist, fashion-mnist-seg, mnist-seg (a label per pixel),
+    /// spam-assassin, cifar10:<dir> or idx:<dir>.
     #[arg(long, required_unless_present = "resume")]
     pub data: Option<String>,
     /// Continue a run from its last checkpoint, with its own recipe: this folder, the

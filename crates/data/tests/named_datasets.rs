@@ -70,6 +70,41 @@ fn fashion_mnist_by_name() {
     assert!((norm.mean[0] - 0.2860).abs() < 1e-4 && (norm.std[0] - 0.3530).abs() < 1e-4, "{norm:?}");
 }
 
+/// The segmentation variants: the same images, normalisation and classes per image, an
+/// 11th label (background) and a void one, every label per pixel following the rule:
+/// bright pixels take their image's class, zero pixels the background, faint ones void.
+#[test]
+fn segmentation_datasets_label_every_pixel_by_the_rule() {
+    for (name, base) in [("mnist-seg", "mnist"), ("fashion-mnist-seg", "fashion-mnist")] {
+        let (Some(seg), Some(plain)) = (open_or_skip(name), open_or_skip(base)) else { continue };
+        assert_eq!((seg.classes, seg.unlabelled, plain.unlabelled), (11, Some(255), None), "{name}");
+        assert_eq!(seg.normalization(), plain.normalization(), "{name}");
+        assert_eq!((seg.train.label_dims(), plain.train.label_dims()), (vec![28, 28], vec![]));
+        let Samples::Images { data, .. } = &*seg.test else { panic!("{name} is not images") };
+        let (mut void, mut background) = (0usize, 0usize);
+        for i in 0..data.len() {
+            let (image, labels) = (data.image(i), data.pixel_labels_of(i).unwrap());
+            for (&p, &l) in image.iter().zip(labels) {
+                let want = match p {
+                    0 => named::BACKGROUND,
+                    p if p >= named::SEGMENT_THRESHOLD => data.labels[i],
+                    _ => named::UNLABELLED,
+                };
+                assert_eq!(l, want, "{name} test image {i}");
+            }
+            void += labels.iter().filter(|&&l| l == named::UNLABELLED).count();
+            background += labels.iter().filter(|&&l| l == named::BACKGROUND).count();
+        }
+        let pixels = (data.len() * 28 * 28) as f64;
+        eprintln!(
+            "{name}: {:.1}% void, {:.1}% background",
+            100.0 * void as f64 / pixels,
+            100.0 * background as f64 / pixels
+        );
+        assert!(void > 0 && background > 0 && void < background, "{name}");
+    }
+}
+
 /// The SpamAssassin splits with the default options (vocabulary 4096, 64 tokens), opened once.
 fn spam() -> Option<&'static Splits> {
     static SPLITS: OnceLock<Option<Splits>> = OnceLock::new();
