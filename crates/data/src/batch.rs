@@ -218,16 +218,16 @@ impl Samples {
         epoch: u64,
     ) -> Batch {
         let labels = match self {
-            Samples::Images { data, .. } if data.pixel_labels.is_some() => {
-                let mut labels = Vec::with_capacity(indices.len() * data.height * data.width);
-                let outside = data.pixel_labels.as_ref().map_or(0, |p| p.outside);
+            Samples::Images { data: data @ ImageDataset { pixel_labels: Some(pixels), .. }, .. } => {
+                let plane = data.height * data.width;
+                let mut labels = Vec::with_capacity(indices.len() * plane);
                 for &i in indices {
-                    let mask = data.pixel_labels_of(i).unwrap_or_default();
+                    let mask = &pixels.labels[i * plane..(i + 1) * plane];
                     match augmentation {
                         // The image's crop and flip, with its arguments.
                         Some(aug) if !aug.is_identity() => {
                             let dims = (1, data.height, data.width);
-                            let moved = augment_filled(mask, dims, aug, seed, epoch, i as u64, outside);
+                            let moved = augment_filled(mask, dims, aug, seed, epoch, i as u64, pixels.outside);
                             labels.extend(moved.iter().map(|&l| l as i64));
                         }
                         _ => labels.extend(mask.iter().map(|&l| l as i64)),

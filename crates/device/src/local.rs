@@ -139,10 +139,7 @@ impl Link for LocalEdge {
                 loss = Some(scalar(&name, &value)?);
             } else if name == CORRECT {
                 // A count, or (labels per pixel) a float in samples.
-                correct = match value.as_i64() {
-                    Some(a) => Some(a.iter().sum::<i64>() as f64),
-                    None => value.as_f32().map(|a| a.iter().map(|&x| f64::from(x)).sum()),
-                };
+                correct = Some(edgefreeze_train::tensors::scalar(&name, &value)?);
             } else if name == grad_name(ACTIVATION) {
                 grad_activation = Some(value);
             } else if let Some(sum) = self.sums.iter_mut().find(|s| s.output == name) {

@@ -358,7 +358,8 @@ pub fn run_step<D: DeviceSide, L: Link>(
     let mut times = StepTimes::default();
     let mut in_flight: VecDeque<InFlight<D::Stash>> = VecDeque::new();
     let (mut next, mut done) = (0usize, 0usize);
-    let (mut loss_sum, mut correct) = (0.0f64, 0.0f64);
+    // Σ (mean loss of i)·c_i/C, and the counted labels predicted right.
+    let (mut loss_sum, mut hits) = (0.0f64, 0.0f64);
     while done < m {
         if next < m && in_flight.len() < window {
             let mb = &micro_batches[next];
@@ -420,16 +421,10 @@ pub fn run_step<D: DeviceSide, L: Link>(
         });
         let i = micro_batch as usize;
         loss_sum += reply.loss * share(i);
-        // A count with a label per sample; else in samples, of the micro-batch's counted
-        // labels (`edgefreeze_autodiff::loss::LossValues::correct`): its hits are
-        // correct·c_i/n_i, and the batch's, in samples, Σ hits / C · N.
-        correct += if counted[i] == waiting.samples as f64 {
-            reply.correct
-        } else if waiting.samples > 0 {
-            reply.correct * share(i) * n as f64 / waiting.samples as f64
-        } else {
-            0.0
-        };
+        // `correct` is in samples (`edgefreeze_autodiff::loss::LossValues::correct`): the
+        // micro-batch's share of its c_i counted labels predicted right, times n_i. With a
+        // label per sample c_i = n_i and this is the count itself, exactly.
+        hits += reply.correct * counted[i] / waiting.samples.max(1) as f64;
         match (waiting.stash.take(), reply.grad_activation) {
             (Some(stash), Some(grad)) => {
                 if grad.shape() != waiting.activation_shape.as_slice() {
@@ -478,6 +473,9 @@ pub fn run_step<D: DeviceSide, L: Link>(
         end_us: now_us(),
     });
     check_reply(&Tag { step: settings.step + 1, ..tag(0) }, &Tag { micro_batch: 0, ..answer })?;
+    // The batch's accuracy over its counted labels, in samples (the count with a label per
+    // sample, where C = N).
+    let correct = if total > 0.0 { hits * n as f64 / total } else { 0.0 };
     Ok(StepReport { loss: loss_sum, correct, samples: n, micro_batches: m, times })
 }
 

@@ -675,22 +675,16 @@ pub fn check_fit(data: &Splits, manifest: &Manifest) -> Result<()> {
         let wanted = sample_dims(labels);
         let have = data.train.label_dims();
         if !takes(&wanted, &have) {
-            let per = |dims: &[usize]| match dims {
+            let per = |dims: &[Option<u64>]| match dims {
                 [] => "one label per sample".to_string(),
-                dims => format!(
-                    "labels of shape {} per sample",
-                    dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("×")
-                ),
+                dims => format!("labels of shape {} per sample", shape_text(dims)),
             };
+            let have_dims: Vec<Option<u64>> = have.iter().map(|&d| Some(d as u64)).collect();
             return Err(TrainError::Config(format!(
                 "dataset {} gives {} but the model's loss takes {}{}",
                 data.name,
-                per(&have),
-                if wanted.is_empty() {
-                    "one label per sample".to_string()
-                } else {
-                    format!("labels of shape {} per sample", shape_text(&wanted))
-                },
+                per(&have_dims),
+                per(&wanted),
                 if have.is_empty() && !wanted.is_empty() {
                     " (a class map per pixel: train it on a segmentation dataset, such as fashion-mnist-seg)"
                 } else if wanted.is_empty() {
